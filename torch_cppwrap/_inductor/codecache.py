@@ -1,0 +1,458 @@
+"""Building and loading the C++ that torch_cppwrap generates.
+
+Two kinds of artefact, two caches:
+
+* The runtime extension (``runtime/cppwrap_runtime_ext.cpp``) and a
+  precompiled ``cpp_prefix.h`` depend only on torch, the compiler and its
+  flags.  They are built once per torch version into torch_cppwrap's own cache
+  (``$TORCH_CPPWRAP_CACHE_DIR``, default ``~/.cache/torch_cppwrap``).
+* Each graph's wrapper module lives in Inductor's cache directory, keyed by the
+  SHA-256 of its sources, the full compile commands and the torch version.
+
+Both go through :func:`_build_once`: a per-key file lock with a timeout, a
+second look inside the lock, compilation into a private temporary directory
+and an atomic rename, so concurrent processes never see a half-written file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from torch_cppwrap import _compat
+
+log = logging.getLogger(__name__)
+
+RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
+RUNTIME_HEADERS = ("cppwrap_api.h", "cppwrap_dtypes.h", "cppwrap_runtime.h")
+CPP_PREFIX_INCLUDE = "torch/csrc/inductor/cpp_prefix.h"
+
+# How long to wait for another process that is building the same artefact.
+LOCK_TIMEOUT_S = float(os.environ.get("TORCH_CPPWRAP_LOCK_TIMEOUT", 600))
+
+
+class CppWrapperCompileError(RuntimeError):
+    """A C++ build of torch_cppwrap failed.  Carries the command, the compiler's
+    output and the path of the source that failed."""
+
+    def __init__(self, cmd: Sequence[str], output: str, source_path: str) -> None:
+        self.cmd = list(cmd)
+        self.output = output
+        self.source_path = source_path
+        super().__init__(
+            "torch_cppwrap: C++ compile failed\n\n"
+            f"Source:\n{source_path}\n\n"
+            f"Command:\n{shlex.join(self.cmd)}\n\n"
+            f"Output:\n{output}"
+        )
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (self.__class__, (self.cmd, self.output, self.source_path))
+
+
+def sha256_hex(*parts: str | bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        # Length-prefix every part so ("ab", "c") and ("a", "bc") differ.
+        digest.update(len(data).to_bytes(8, "little"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def runtime_cache_dir() -> Path:
+    root = os.environ.get("TORCH_CPPWRAP_CACHE_DIR")
+    if root is None:
+        xdg = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+        root = os.path.join(xdg, "torch_cppwrap")
+    path = Path(root).resolve() / f"torch-{torch.__version__}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def graph_cache_dir() -> Path:
+    path = Path(_compat.inductor_cache_dir()) / "cppwrap"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _run(cmd: Sequence[str], source_path: str, cwd: str) -> None:
+    proc = subprocess.run(
+        list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    if proc.returncode != 0:
+        raise CppWrapperCompileError(
+            cmd, proc.stdout.decode(errors="replace"), source_path
+        )
+
+
+def _run_parallel(jobs: Sequence[tuple[Sequence[str], str]], cwd: str) -> None:
+    """Runs compile commands side by side; raises for the first that failed."""
+    procs = [
+        (
+            subprocess.Popen(
+                list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            ),
+            cmd,
+            src,
+        )
+        for cmd, src in jobs
+    ]
+    failure: CppWrapperCompileError | None = None
+    for proc, cmd, src in procs:
+        out, _ = proc.communicate()
+        if proc.returncode != 0 and failure is None:
+            failure = CppWrapperCompileError(cmd, out.decode(errors="replace"), src)
+    if failure is not None:
+        raise failure
+
+
+def _build_once(target: Path, build: Callable[[Path], Path], what: str) -> Path:
+    """Produces `target` with `build(tmpdir) -> built_file` unless it exists.
+
+    The lock is an OS-level (fcntl) lock, so a process killed mid-build leaves
+    nothing that blocks the next one.
+    """
+    if target.exists():
+        return target
+    from filelock import FileLock, Timeout
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(target) + ".lock", timeout=LOCK_TIMEOUT_S)
+    try:
+        with lock:
+            if target.exists():  # built by another process while we waited
+                return target
+            tmpdir = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
+            try:
+                started = time.perf_counter()
+                built = build(tmpdir)
+                os.replace(built, target)
+                log.info(
+                    "torch_cppwrap: built %s in %.1f s",
+                    what,
+                    time.perf_counter() - started,
+                )
+            finally:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+    except Timeout:
+        raise RuntimeError(
+            f"torch_cppwrap: timed out after {LOCK_TIMEOUT_S:.0f} s waiting for "
+            f"another process to build {what} ({target}); set "
+            "TORCH_CPPWRAP_LOCK_TIMEOUT to wait longer"
+        ) from None
+    return target
+
+
+def _load_extension(module_name: str, path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(module_name, str(path))
+    spec = importlib.util.spec_from_file_location(module_name, path, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+@dataclass
+class BuildCommands:
+    """The compile and link command lines for one wrapper module."""
+
+    wrapper: list[str]
+    kernels: list[str] | None
+    link: list[str]
+    pch: list[str] | None = None
+    extra_inputs: list[str] = field(default_factory=list)
+
+    def fingerprint(self) -> str:
+        return shlex.join(
+            [*self.wrapper, "|", *(self.kernels or []), "|", *self.link]
+        )
+
+
+class _Toolchain:
+    """Compile commands derived from Inductor's cpp_builder, computed once."""
+
+    def __init__(self) -> None:
+        from torch._inductor import cpp_builder
+
+        self._cpp_builder = cpp_builder
+        self.vec_isa = _compat.pick_vec_isa()
+        self.runtime_include = f"-I{RUNTIME_DIR}"
+
+    def _command(self, sources: list[str], output: str, **options: object) -> list[str]:
+        build_option = _compat.build_options(device_type="cpu", **options)
+        name, output_dir = os.path.splitext(os.path.basename(output))[0], os.path.dirname(output)
+        builder = self._cpp_builder.CppBuilder(
+            name=name, sources=sources, BuildOption=build_option, output_dir=output_dir
+        )
+        cmd = shlex.split(builder.get_command_line())
+        # cpp_builder names the output after `name`; point it at `output`.
+        if "-o" in cmd:
+            cmd[cmd.index("-o") + 1] = output
+        return cmd
+
+    def wrapper_compile(self, source: str, obj: str, init_name: str) -> list[str]:
+        from torch._inductor.cpu_vec_isa import invalid_vec_isa
+
+        cmd = self._command(
+            [source], obj, vec_isa=invalid_vec_isa, compile_only=True, min_optimize=True
+        )
+        return [*cmd, self.runtime_include, f"-DCPPWRAP_MODULE_INIT={init_name}"]
+
+    def kernel_compile(self, source: str, obj: str, pch_dir: str | None) -> list[str]:
+        cmd = self._command([source], obj, vec_isa=self.vec_isa, compile_only=True)
+        if pch_dir is not None:
+            # A directory holding only the .gch is searched first; gcc then
+            # uses the precompiled cpp_prefix.h if its flags match.
+            cmd.insert(1, f"-I{pch_dir}")
+        return cmd
+
+    def pch_compile(self, header: str, gch: str) -> list[str]:
+        cmd = self._command([header], gch, vec_isa=self.vec_isa, compile_only=True)
+        idx = cmd.index(header)
+        cmd[idx : idx + 1] = ["-x", "c++-header", header]
+        cmd.remove("-c")
+        return cmd
+
+    def link(self, objects: list[str], output: str) -> list[str]:
+        from torch._inductor.cpu_vec_isa import invalid_vec_isa
+
+        return self._command(objects, output, vec_isa=invalid_vec_isa)
+
+    def runtime_extension(self, source: str, output: str) -> list[str]:
+        from torch._inductor.cpu_vec_isa import invalid_vec_isa
+
+        cmd = self._command(
+            [source], output, vec_isa=invalid_vec_isa, include_pytorch=True
+        )
+        return [*cmd, self.runtime_include]
+
+    def fingerprint(self) -> str:
+        return shlex.join(self.kernel_compile("k.cpp", "k.o", None))
+
+
+_toolchain_lock = threading.Lock()
+_toolchain: _Toolchain | None = None
+
+
+def toolchain() -> _Toolchain:
+    global _toolchain
+    with _toolchain_lock:
+        if _toolchain is None:
+            _toolchain = _Toolchain()
+        return _toolchain
+
+
+def _runtime_sources_digest() -> str:
+    return sha256_hex(
+        *(
+            (RUNTIME_DIR / name).read_bytes()
+            for name in (*RUNTIME_HEADERS, "cppwrap_runtime_ext.cpp")
+        )
+    )
+
+
+class RuntimeExtension:
+    """torch_cppwrap._C: the runtime's function table, built once per torch."""
+
+    _module: ModuleType | None = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def load(cls) -> ModuleType:
+        if cls._module is not None:
+            return cls._module
+        with cls._lock:
+            if cls._module is None:
+                cls._module = cls._build_and_load()
+        return cls._module
+
+    @classmethod
+    def _build_and_load(cls) -> ModuleType:
+        source = RUNTIME_DIR / "cppwrap_runtime_ext.cpp"
+        tc = toolchain()
+        probe = tc.runtime_extension(str(source), "runtime.so")
+        key = sha256_hex(_runtime_sources_digest(), shlex.join(probe), torch.__version__)
+        target = runtime_cache_dir() / "runtime" / f"cppwrap_runtime_{key[:20]}.so"
+
+        def build(tmpdir: Path) -> Path:
+            out = tmpdir / "runtime.so"
+            print(
+                "torch_cppwrap: building the runtime extension for torch "
+                f"{torch.__version__} (once per torch version)...",
+                file=sys.stderr,
+                flush=True,
+            )
+            _run(tc.runtime_extension(str(source), str(out)), str(source), str(tmpdir))
+            return out
+
+        path = _build_once(target, build, "the runtime extension")
+        module = _load_extension("torch_cppwrap._C", path)
+        sys.modules["torch_cppwrap._C"] = module
+        import torch_cppwrap
+
+        torch_cppwrap._C = module  # type: ignore[attr-defined]
+        return module
+
+
+class PrecompiledPrefix:
+    """A precompiled cpp_prefix.h for the kernels' translation unit."""
+
+    _dir: str | None = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def directory(cls) -> str | None:
+        if os.environ.get("TORCH_CPPWRAP_NO_PCH") == "1" or not _is_gcc():
+            return None
+        with cls._lock:
+            if cls._dir is None:
+                cls._dir = cls._build()
+        return cls._dir
+
+    @classmethod
+    def _build(cls) -> str:
+        tc = toolchain()
+        include_root = Path(torch.__file__).resolve().parent / "include"
+        header = include_root / CPP_PREFIX_INCLUDE
+        key = sha256_hex(header.read_bytes(), tc.fingerprint(), torch.__version__)
+        pch_root = runtime_cache_dir() / "pch" / key[:20]
+        target = pch_root / (CPP_PREFIX_INCLUDE + ".gch")
+
+        def build(tmpdir: Path) -> Path:
+            out = tmpdir / "cpp_prefix.h.gch"
+            print(
+                "torch_cppwrap: precompiling cpp_prefix.h (once per torch version)...",
+                file=sys.stderr,
+                flush=True,
+            )
+            _run(tc.pch_compile(str(header), str(out)), str(header), str(tmpdir))
+            return out
+
+        _build_once(target, build, "the precompiled cpp_prefix.h")
+        return str(pch_root)
+
+
+def _is_gcc() -> bool:
+    from torch._inductor import cpp_builder
+
+    try:
+        return bool(cpp_builder.is_gcc())
+    except Exception:  # pragma: no cover - compiler probing failed
+        return False
+
+
+class CppWrapperCodeCache:
+    """Compiles generated wrapper modules and loads them, memoised in-process
+    and on disk."""
+
+    cache: dict[str, ModuleType] = {}
+    _lock = threading.Lock()
+
+    @classmethod
+    def cache_clear(cls) -> None:
+        cls.cache.clear()
+
+    @classmethod
+    def load(
+        cls,
+        wrapper_source: str,
+        kernel_source: str = "",
+        *,
+        device_type: str = "cpu",
+    ) -> ModuleType:
+        """Returns the extension module built from the two sources."""
+        RuntimeExtension.load()
+        tc = toolchain()
+        use_kernels = bool(kernel_source.strip())
+        pch_dir = PrecompiledPrefix.directory() if use_kernels else None
+
+        # The commands use placeholder paths for the hash; the real ones differ
+        # only in the directory.
+        probe = cls._commands(tc, Path("DIR"), "PyInit_NAME", use_kernels, pch_dir)
+        key = sha256_hex(
+            wrapper_source,
+            kernel_source,
+            probe.fingerprint(),
+            torch.__version__,
+            _runtime_sources_digest(),
+            device_type,
+        )
+        with cls._lock:
+            module = cls.cache.get(key)
+        if module is not None:
+            return module
+
+        module_name = f"cppwrap_{key[:24]}"
+        key_dir = graph_cache_dir() / key[:2] / key
+        target = key_dir / f"{module_name}.so"
+
+        def build(tmpdir: Path) -> Path:
+            wrapper_path = key_dir / "wrapper.cpp"
+            kernel_path = key_dir / "kernels.cpp"
+            _write_atomic(wrapper_path, wrapper_source)
+            if use_kernels:
+                _write_atomic(kernel_path, kernel_source)
+            cmds = cls._commands(tc, tmpdir, f"PyInit_{module_name}", use_kernels, pch_dir)
+            jobs: list[tuple[Sequence[str], str]] = [
+                (_with_source(cmds.wrapper, wrapper_path), str(wrapper_path))
+            ]
+            if cmds.kernels is not None:
+                jobs.append((_with_source(cmds.kernels, kernel_path), str(kernel_path)))
+            _run_parallel(jobs, str(tmpdir))
+            _run(cmds.link, str(wrapper_path), str(tmpdir))
+            return tmpdir / "module.so"
+
+        _build_once(target, build, f"wrapper module {module_name}")
+        module = _load_extension(module_name, target)
+        module.__cppwrap_source_dir__ = str(key_dir)  # type: ignore[attr-defined]
+        with cls._lock:
+            cls.cache[key] = module
+        return module
+
+    @staticmethod
+    def _commands(
+        tc: _Toolchain,
+        tmpdir: Path,
+        init_name: str,
+        use_kernels: bool,
+        pch_dir: str | None,
+    ) -> BuildCommands:
+        wrapper_obj = str(tmpdir / "wrapper.o")
+        kernel_obj = str(tmpdir / "kernels.o")
+        objects = [wrapper_obj, kernel_obj] if use_kernels else [wrapper_obj]
+        return BuildCommands(
+            wrapper=tc.wrapper_compile("wrapper.cpp", wrapper_obj, init_name),
+            kernels=tc.kernel_compile("kernels.cpp", kernel_obj, pch_dir)
+            if use_kernels
+            else None,
+            link=tc.link(objects, str(tmpdir / "module.so")),
+        )
+
+
+def _with_source(cmd: list[str], source: Path) -> list[str]:
+    return [str(source) if arg.endswith(("wrapper.cpp", "kernels.cpp")) and not arg.startswith("-") else arg for arg in cmd]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

@@ -1,0 +1,35 @@
+"""Which C-shim functions the installed libtorch declares.
+
+Generated code calls a shim function only after checking it here, so a kernel
+name that the shim lacks becomes a dispatcher call instead of a C++ compile
+error.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import torch
+
+_SHIM_HEADERS = (
+    "torch/csrc/inductor/aoti_torch/c/shim.h",
+    "torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h",
+)
+_DECLARATION = re.compile(r"AOTITorchError\s+(aoti_torch_\w+)\s*\(")
+
+
+@functools.cache
+def declared_shim_functions() -> frozenset[str]:
+    include = Path(torch.__file__).resolve().parent / "include"
+    names: set[str] = set()
+    for header in _SHIM_HEADERS:
+        path = include / header
+        if path.exists():
+            names.update(_DECLARATION.findall(path.read_text()))
+    return frozenset(names)
+
+
+def shim_function_exists(name: str) -> bool:
+    return name in declared_shim_functions()

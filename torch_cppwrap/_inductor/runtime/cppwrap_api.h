@@ -1,0 +1,112 @@
+// The C ABI between torch_cppwrap's runtime extension (built once per torch
+// version, against the full libtorch headers) and the wrapper modules that
+// Inductor generates (built per graph, against this header, Python.h and the
+// AOTI C shim only).  Keeping this boundary in plain C is what lets generated
+// modules compile in about a second: they never see an ATen header.
+//
+// A "slot" is 8 bytes of storage that holds one at::Tensor, constructed and
+// destroyed only by the runtime.  Generated code owns slots through
+// cppwrap::Tensor (cppwrap_runtime.h) and hands their address to the C shim as
+// an AtenTensorHandle, which is an at::Tensor* by definition.
+#pragma once
+
+#include <Python.h>
+#include <stdint.h>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+
+#define CPPWRAP_API_VERSION 1
+#define CPPWRAP_API_CAPSULE "torch_cppwrap._C._api"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct CppwrapApi {
+  int32_t version;
+  int32_t tensor_size;  // sizeof(at::Tensor); must equal sizeof(void*)
+
+  // Message of the last failed call on this thread (never null).
+  const char* (*last_error)(void);
+
+  // --- Python boundary; the GIL must be held. ---
+  // Copies the tensor held by `obj` into `slot` (a reference count bump, no
+  // allocation).  Returns 0, or -1 with a Python TypeError set.
+  int (*unpack)(PyObject* obj, void* slot, const char* what);
+  // Moves the tensor out of `slot` into a Python tensor (a new reference);
+  // the same Python object comes back if the tensor already has one.
+  PyObject* (*wrap)(void* slot);
+
+  // --- Slots; no GIL needed.  int-returning calls give 0 or -1 + last_error.
+  void (*release)(void* slot);
+  void (*copy)(const void* src, void* dst);
+  void (*adopt)(AtenTensorHandle handle, void* dst);  // steals a shim handle
+  int (*empty_strided)(
+      int64_t ndim,
+      const int64_t* sizes,
+      const int64_t* strides,
+      int32_t dtype,
+      int32_t device_type,
+      int32_t device_index,
+      void* dst);
+  int (*reinterpret)(
+      const void* src,
+      int64_t ndim,
+      const int64_t* sizes,
+      const int64_t* strides,
+      int64_t storage_offset,
+      void* dst);
+  int (*view_dtype)(const void* src, int32_t dtype, void* dst);
+  void* (*data_ptr)(const void* slot);
+  int64_t (*dim)(const void* slot);
+  const int64_t* (*sizes)(const void* slot);
+  const int64_t* (*strides)(const void* slot);
+  // Checks dtype (if >= 0), rank, sizes and strides (entries < 0 are not
+  // checked) of a graph input; the error names the input and both layouts.
+  int (*check_input)(
+      const void* slot,
+      const char* name,
+      int32_t dtype,
+      int64_t ndim,
+      const int64_t* sizes,
+      const int64_t* strides);
+  int (*scalar_to_tensor_long)(int64_t value, void* dst);
+  int (*scalar_to_tensor_double)(double value, void* dst);
+  int (*item_long)(const void* slot, int64_t* out);
+  int (*item_double)(const void* slot, double* out);
+
+  // --- Boxed calls through the dispatcher, for ops without a C shim. ---
+  // Each call site keeps its op handle in a static; find_op returns null and
+  // sets last_error if the op does not exist.
+  void* (*find_op)(const char* name, const char* overload);
+  void* (*stack_new)(void);  // a fresh, thread-local argument stack
+  void (*push_none)(void* stack);
+  void (*push_tensor)(void* stack, const void* slot);
+  void (*push_int)(void* stack, int64_t value);
+  void (*push_double)(void* stack, double value);
+  void (*push_bool)(void* stack, int32_t value);
+  void (*push_string)(void* stack, const char* value);
+  void (*push_dtype)(void* stack, int32_t dtype);
+  void (*push_layout)(void* stack, int32_t layout);
+  void (*push_memory_format)(void* stack, int32_t memory_format);
+  void (*push_device)(void* stack, int32_t device_type, int32_t device_index);
+  void (*push_int_list)(void* stack, const int64_t* values, int64_t n);
+  void (*push_double_list)(void* stack, const double* values, int64_t n);
+  void (*push_bool_list)(void* stack, const int32_t* values, int64_t n);
+  // `slots` may contain nulls, which become None (for Tensor?[]).
+  void (*push_tensor_list)(
+      void* stack, const void* const* slots, int64_t n, int32_t optional);
+  int (*call_boxed)(void* op, void* stack);
+  // Results of the last call_boxed, by return position (and list position).
+  int (*result_tensor)(void* stack, int64_t i, int64_t j, void* dst);
+  int (*result_int)(void* stack, int64_t i, int64_t* out);
+  int (*result_double)(void* stack, int64_t i, double* out);
+
+  // --- Profiler: a RecordFunction scope named after the graph. ---
+  void* (*record_begin)(const char* name);
+  void (*record_end)(void* guard);
+} CppwrapApi;
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif

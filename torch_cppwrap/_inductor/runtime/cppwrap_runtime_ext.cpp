@@ -1,0 +1,459 @@
+// torch_cppwrap's runtime extension: the one translation unit that includes the
+// heavy libtorch headers.  It is built once per torch version and exports a
+// table of C functions (cppwrap_api.h) through a capsule, so the per-graph
+// wrapper modules stay light to compile.
+#include "cppwrap_api.h"
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/record_function.h>
+#include <c10/core/TensorImpl.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <new>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cppwrap_dtypes.h"
+
+static_assert(sizeof(at::Tensor) == sizeof(void*), "slot layout");
+static_assert(alignof(at::Tensor) == alignof(void*), "slot layout");
+
+#define CPPWRAP_CHECK_DTYPE(name, scalar) \
+  static_assert(cppwrap::dtype::name == static_cast<int32_t>(c10::ScalarType::scalar));
+CPPWRAP_CHECK_DTYPE(kUInt8, Byte)
+CPPWRAP_CHECK_DTYPE(kInt8, Char)
+CPPWRAP_CHECK_DTYPE(kInt16, Short)
+CPPWRAP_CHECK_DTYPE(kInt32, Int)
+CPPWRAP_CHECK_DTYPE(kInt64, Long)
+CPPWRAP_CHECK_DTYPE(kFloat16, Half)
+CPPWRAP_CHECK_DTYPE(kFloat32, Float)
+CPPWRAP_CHECK_DTYPE(kFloat64, Double)
+CPPWRAP_CHECK_DTYPE(kComplex32, ComplexHalf)
+CPPWRAP_CHECK_DTYPE(kComplex64, ComplexFloat)
+CPPWRAP_CHECK_DTYPE(kComplex128, ComplexDouble)
+CPPWRAP_CHECK_DTYPE(kBool, Bool)
+CPPWRAP_CHECK_DTYPE(kBFloat16, BFloat16)
+CPPWRAP_CHECK_DTYPE(kFloat8_e5m2, Float8_e5m2)
+CPPWRAP_CHECK_DTYPE(kFloat8_e4m3fn, Float8_e4m3fn)
+CPPWRAP_CHECK_DTYPE(kFloat8_e5m2fnuz, Float8_e5m2fnuz)
+CPPWRAP_CHECK_DTYPE(kFloat8_e4m3fnuz, Float8_e4m3fnuz)
+#undef CPPWRAP_CHECK_DTYPE
+
+namespace {
+
+thread_local std::string last_error_message;
+
+int fail(const std::string& message) {
+  last_error_message = message;
+  return -1;
+}
+
+// Runs `body`, turning any C++ exception into a -1 and a stored message.
+template <typename F>
+int guarded(F&& body) {
+  try {
+    body();
+    return 0;
+  } catch (const c10::Error& e) {
+    return fail(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return fail(e.what());
+  } catch (...) {
+    return fail("unknown C++ exception");
+  }
+}
+
+at::Tensor& tensor_at(void* slot) {
+  return *static_cast<at::Tensor*>(slot);
+}
+const at::Tensor& tensor_at(const void* slot) {
+  return *static_cast<const at::Tensor*>(slot);
+}
+
+std::string int_list(const int64_t* values, int64_t n) {
+  std::ostringstream out;
+  out << "[";
+  for (int64_t i = 0; i < n; ++i) {
+    out << (i ? ", " : "");
+    if (values[i] < 0) {
+      out << "*";
+    } else {
+      out << values[i];
+    }
+  }
+  out << "]";
+  return out.str();
+}
+
+const char* last_error() {
+  return last_error_message.c_str();
+}
+
+int unpack(PyObject* obj, void* slot, const char* what) {
+  if (!THPVariable_Check(obj)) {
+    PyErr_Format(
+        PyExc_TypeError,
+        "compiled graph expected a Tensor for %s, got %s",
+        what,
+        Py_TYPE(obj)->tp_name);
+    return -1;
+  }
+  new (slot) at::Tensor(THPVariable_Unpack(obj));
+  return 0;
+}
+
+PyObject* wrap(void* slot) {
+  at::Tensor& t = tensor_at(slot);
+  PyObject* result = THPVariable_Wrap(std::move(t));
+  t.~Tensor();
+  return result;
+}
+
+void release(void* slot) {
+  tensor_at(slot).~Tensor();
+}
+
+void copy(const void* src, void* dst) {
+  new (dst) at::Tensor(tensor_at(src));
+}
+
+void adopt(AtenTensorHandle handle, void* dst) {
+  auto* owned = reinterpret_cast<at::Tensor*>(handle);
+  new (dst) at::Tensor(std::move(*owned));
+  delete owned;
+}
+
+int empty_strided(
+    int64_t ndim,
+    const int64_t* sizes,
+    const int64_t* strides,
+    int32_t dtype,
+    int32_t device_type,
+    int32_t device_index,
+    void* dst) {
+  return guarded([&] {
+    c10::IntArrayRef size(sizes, ndim);
+    c10::IntArrayRef stride(strides, ndim);
+    auto scalar_type = static_cast<c10::ScalarType>(dtype);
+    auto device_kind = static_cast<c10::DeviceType>(device_type);
+    if (device_kind == c10::DeviceType::CPU) {
+      new (dst) at::Tensor(at::detail::empty_strided_cpu(size, stride, scalar_type));
+    } else {
+      new (dst) at::Tensor(at::empty_strided(
+          size,
+          stride,
+          at::TensorOptions()
+              .dtype(scalar_type)
+              .device(c10::Device(device_kind, device_index))));
+    }
+  });
+}
+
+// An alias of `src`'s storage with new sizes, strides and offset, made without
+// the dispatcher or autograd: the C++ counterpart of reinterpret_tensor.
+int reinterpret(
+    const void* src,
+    int64_t ndim,
+    const int64_t* sizes,
+    const int64_t* strides,
+    int64_t storage_offset,
+    void* dst) {
+  return guarded([&] {
+    const at::Tensor& self = tensor_at(src);
+    auto alias = at::detail::make_tensor<c10::TensorImpl>(
+        c10::TensorImpl::VIEW, c10::Storage(self.storage()), self.key_set(), self.dtype());
+    alias.unsafeGetTensorImpl()->set_sizes_and_strides(
+        c10::IntArrayRef(sizes, ndim), c10::IntArrayRef(strides, ndim), storage_offset);
+    new (dst) at::Tensor(std::move(alias));
+  });
+}
+
+int view_dtype(const void* src, int32_t dtype, void* dst) {
+  return guarded([&] {
+    new (dst) at::Tensor(tensor_at(src).view(static_cast<c10::ScalarType>(dtype)));
+  });
+}
+
+void* data_ptr(const void* slot) {
+  return tensor_at(slot).data_ptr();
+}
+
+int64_t dim(const void* slot) {
+  return tensor_at(slot).dim();
+}
+
+const int64_t* sizes(const void* slot) {
+  return tensor_at(slot).sizes().data();
+}
+
+const int64_t* strides(const void* slot) {
+  return tensor_at(slot).strides().data();
+}
+
+int check_input(
+    const void* slot,
+    const char* name,
+    int32_t dtype,
+    int64_t ndim,
+    const int64_t* expected_sizes,
+    const int64_t* expected_strides) {
+  const at::Tensor& t = tensor_at(slot);
+  if (dtype >= 0 && static_cast<int32_t>(t.scalar_type()) != dtype) {
+    return fail(
+        std::string("input ") + name + ": expected dtype " +
+        c10::toString(static_cast<c10::ScalarType>(dtype)) + " but got " +
+        c10::toString(t.scalar_type()) +
+        " (the graph was compiled for another dtype)");
+  }
+  bool ok = t.dim() == ndim;
+  auto actual_sizes = t.sizes();
+  auto actual_strides = t.strides();
+  for (int64_t i = 0; ok && i < ndim; ++i) {
+    // A stride is only meaningful for a dimension with more than one element.
+    ok = (expected_sizes[i] < 0 || expected_sizes[i] == actual_sizes[i]) &&
+        (expected_strides[i] < 0 || actual_sizes[i] <= 1 ||
+         expected_strides[i] == actual_strides[i]);
+  }
+  if (!ok) {
+    return fail(
+        std::string("input ") + name + ": expected size " +
+        int_list(expected_sizes, ndim) + " and stride " +
+        int_list(expected_strides, ndim) + " but got size " +
+        int_list(actual_sizes.data(), t.dim()) + " and stride " +
+        int_list(actual_strides.data(), t.dim()));
+  }
+  return 0;
+}
+
+int scalar_to_tensor_long(int64_t value, void* dst) {
+  return guarded([&] { new (dst) at::Tensor(at::scalar_tensor(value, at::kLong)); });
+}
+
+int scalar_to_tensor_double(double value, void* dst) {
+  return guarded([&] { new (dst) at::Tensor(at::scalar_tensor(value, at::kDouble)); });
+}
+
+int item_long(const void* slot, int64_t* out) {
+  return guarded([&] { *out = tensor_at(slot).item<int64_t>(); });
+}
+
+int item_double(const void* slot, double* out) {
+  return guarded([&] { *out = tensor_at(slot).item<double>(); });
+}
+
+// ---- boxed calls ----
+
+struct OpHandle {
+  c10::OperatorHandle op;
+};
+
+void* find_op(const char* name, const char* overload) {
+  try {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+    return new OpHandle{op};  // lives as long as the process, like the op
+  } catch (const std::exception& e) {
+    fail(e.what());
+    return nullptr;
+  }
+}
+
+using Stack = std::vector<c10::IValue>;
+
+Stack& stack_at(void* stack) {
+  return *static_cast<Stack*>(stack);
+}
+
+void* stack_new() {
+  thread_local Stack stack;
+  stack.clear();
+  return &stack;
+}
+
+void push_none(void* s) {
+  stack_at(s).emplace_back();
+}
+void push_tensor(void* s, const void* slot) {
+  if (slot == nullptr) {
+    stack_at(s).emplace_back();
+  } else {
+    stack_at(s).emplace_back(tensor_at(slot));
+  }
+}
+void push_int(void* s, int64_t v) {
+  stack_at(s).emplace_back(v);
+}
+void push_double(void* s, double v) {
+  stack_at(s).emplace_back(v);
+}
+void push_bool(void* s, int32_t v) {
+  stack_at(s).emplace_back(static_cast<bool>(v));
+}
+void push_string(void* s, const char* v) {
+  stack_at(s).emplace_back(std::string(v));
+}
+void push_dtype(void* s, int32_t v) {
+  stack_at(s).emplace_back(static_cast<c10::ScalarType>(v));
+}
+void push_layout(void* s, int32_t v) {
+  stack_at(s).emplace_back(static_cast<c10::Layout>(v));
+}
+void push_memory_format(void* s, int32_t v) {
+  stack_at(s).emplace_back(static_cast<c10::MemoryFormat>(v));
+}
+void push_device(void* s, int32_t type, int32_t index) {
+  stack_at(s).emplace_back(
+      c10::Device(static_cast<c10::DeviceType>(type), static_cast<c10::DeviceIndex>(index)));
+}
+void push_int_list(void* s, const int64_t* v, int64_t n) {
+  stack_at(s).emplace_back(std::vector<int64_t>(v, v + n));
+}
+void push_double_list(void* s, const double* v, int64_t n) {
+  stack_at(s).emplace_back(std::vector<double>(v, v + n));
+}
+void push_bool_list(void* s, const int32_t* v, int64_t n) {
+  c10::List<bool> values;
+  for (int64_t i = 0; i < n; ++i) {
+    values.push_back(v[i] != 0);
+  }
+  stack_at(s).emplace_back(std::move(values));
+}
+void push_tensor_list(void* s, const void* const* slots, int64_t n, int32_t optional) {
+  if (optional) {
+    c10::List<std::optional<at::Tensor>> values;
+    for (int64_t i = 0; i < n; ++i) {
+      values.push_back(
+          slots[i] ? std::optional<at::Tensor>(tensor_at(slots[i])) : std::nullopt);
+    }
+    stack_at(s).emplace_back(std::move(values));
+  } else {
+    std::vector<at::Tensor> values;
+    values.reserve(n);
+    for (int64_t i = 0; i < n; ++i) {
+      values.push_back(tensor_at(slots[i]));
+    }
+    stack_at(s).emplace_back(std::move(values));
+  }
+}
+
+int call_boxed(void* op, void* s) {
+  return guarded([&] {
+    auto& handle = static_cast<OpHandle*>(op)->op;
+    try {
+      handle.callBoxed(stack_at(s));
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(
+          handle.schema().name() + ": " + e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      throw std::runtime_error(handle.schema().name() + ": " + e.what());
+    }
+  });
+}
+
+int result_tensor(void* s, int64_t i, int64_t j, void* dst) {
+  return guarded([&] {
+    const c10::IValue& value = stack_at(s).at(i);
+    if (j < 0) {
+      new (dst) at::Tensor(value.isNone() ? at::Tensor() : value.toTensor());
+    } else {
+      new (dst) at::Tensor(value.toTensorList().get(j));
+    }
+  });
+}
+
+int result_int(void* s, int64_t i, int64_t* out) {
+  return guarded([&] { *out = stack_at(s).at(i).toInt(); });
+}
+
+int result_double(void* s, int64_t i, double* out) {
+  return guarded([&] { *out = stack_at(s).at(i).toDouble(); });
+}
+
+void* record_begin(const char* name) {
+  auto guard = std::make_unique<at::RecordFunction>(at::RecordScope::FUNCTION);
+  if (guard->isActive()) {
+    guard->before(name);
+    return guard.release();
+  }
+  return nullptr;
+}
+
+void record_end(void* guard) {
+  delete static_cast<at::RecordFunction*>(guard);
+}
+
+const CppwrapApi api_table = {
+    CPPWRAP_API_VERSION,
+    static_cast<int32_t>(sizeof(at::Tensor)),
+    last_error,
+    unpack,
+    wrap,
+    release,
+    copy,
+    adopt,
+    empty_strided,
+    reinterpret,
+    view_dtype,
+    data_ptr,
+    dim,
+    sizes,
+    strides,
+    check_input,
+    scalar_to_tensor_long,
+    scalar_to_tensor_double,
+    item_long,
+    item_double,
+    find_op,
+    stack_new,
+    push_none,
+    push_tensor,
+    push_int,
+    push_double,
+    push_bool,
+    push_string,
+    push_dtype,
+    push_layout,
+    push_memory_format,
+    push_device,
+    push_int_list,
+    push_double_list,
+    push_bool_list,
+    push_tensor_list,
+    call_boxed,
+    result_tensor,
+    result_int,
+    result_double,
+    record_begin,
+    record_end,
+};
+
+PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    "torch_cppwrap._C",
+    "torch_cppwrap's runtime: the C API that generated wrapper modules call.",
+    -1,
+    nullptr,
+};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__C(void) {
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) {
+    return nullptr;
+  }
+  PyObject* capsule = PyCapsule_New(
+      const_cast<CppwrapApi*>(&api_table), CPPWRAP_API_CAPSULE, nullptr);
+  if (capsule == nullptr || PyModule_AddObject(module, "_api", capsule) < 0) {
+    Py_XDECREF(capsule);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  PyModule_AddIntConstant(module, "API_VERSION", CPPWRAP_API_VERSION);
+  return module;
+}

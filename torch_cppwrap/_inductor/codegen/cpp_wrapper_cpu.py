@@ -33,6 +33,7 @@ from torch._inductor.codegen.common import IndentedBuffer
 from torch._inductor.codegen.cpp_utils import cexpr
 from torch._inductor.codegen.wrapper import (
     PythonWrapperCodegen,
+    WrapperLine,
     codegen_reinterpret_view_helper,
 )
 from torch._inductor.utils import sympy_product
@@ -43,6 +44,7 @@ from torch_cppwrap import _compat
 from torch_cppwrap._inductor.codegen import cpp_spellings as spell
 from torch_cppwrap._inductor.codegen.shim_catalog import shim_function_exists
 
+CPP_PREFIX_INCLUDE = "#include <torch/csrc/inductor/cpp_prefix.h>"
 _IDENT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
 
@@ -64,6 +66,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.boxed_call_ids = itertools.count()
         self.output_lines: list[str] = []
         self.output_kinds: list[str] = []
+        # Names of nodes that exist only to group a fallback's outputs; they
+        # never hold a tensor, so freeing them is a no-op.
+        self.virtual_buffers: OrderedSet[str] = OrderedSet()
         super().__init__()
         self.declare = "auto "
         self.declare_maybe_reference = "auto& "
@@ -347,10 +352,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
         return f"auto {name} = {alloc};"
 
     def make_buffer_free(self, buffer: Any) -> str:
-        return f"{buffer.get_name()}.reset();"
+        return self.make_free_by_names([buffer.get_name()])
 
     def make_free_by_names(self, names_to_del: list[str]) -> str:
-        return " ".join(f"{name}.reset();" for name in names_to_del)
+        return " ".join(
+            f"{name}.reset();" for name in names_to_del if name not in self.virtual_buffers
+        )
 
     def codegen_exact_buffer_reuse(self, old_name: str, new_name: str, del_line: str) -> str:
         self.declared.add(new_name)
@@ -443,7 +450,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 "wrapper supports Inductor's C++ backend (config.cpu_backend='cpp')"
             )
         self.header.splice(cpp_definition)
-        self.kernel_declarations.splice(f"\n{kernel_body}\n")
+        # One include of the kernels' prelude heads the kernel source (and
+        # must come first for the precompiled header to apply).
+        body = "\n".join(
+            line for line in kernel_body.splitlines() if line.strip() != CPP_PREFIX_INCLUDE
+        )
+        self.kernel_declarations.splice(f"\n{body}\n")
 
     def _generate_kernel_call_helper(
         self,
@@ -549,6 +561,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 raise NotImplementedError(
                     f"torch_cppwrap: output {out!r} of {node.get_name()} is not supported"
                 )
+        self.virtual_buffers.add(node.get_name())
         device = d.type if (d := node.get_device()) else self.device
         shim_fn = self.get_c_shim_func_name(node.cpp_kernel_name, device)
         self._shim_call(shim_fn, [*args, *out_args], str(node.op_overload))
@@ -638,6 +651,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         from torch_cppwrap._inductor.codegen.boxed_args import push_argument
 
         handle = self._op_handle(op)
+        self.virtual_buffers.add(buf_name)
         call = f"{buf_name}_call"
         self.writeline(f"cppwrap::BoxedCall {call}({handle}());")
         pushes = [
@@ -672,18 +686,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.writeline(f"auto {name} = {call}.tensor_result({index}, {j});")
 
     def codegen_multi_output(self, node: ir.MultiOutput) -> None:
-        name = node.get_name()
-        if name in self.declared:
-            return
-        if not node.indices:
-            parent = node.input_name(0)
-            self.declared.add(name)
-            self.writeline(f"auto {name} = {parent}.clone_ref();")
-            return
-        raise NotImplementedError(
-            f"torch_cppwrap: multi-output {name} of {node.input_name(0)} was not "
-            "produced by its kernel call"
-        )
+        # The fallback's own call declares its outputs; this line runs in
+        # program order, after it, and only checks (or aliases a lone output).
+        self.writeline(_MultiOutputCheck(self, node))
 
     def codegen_device_copy(self, src: str, dst: str, non_blocking: Any) -> None:
         blocking = "1" if non_blocking is True else "0"
@@ -776,6 +781,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         result.writeline("")
         result.writeline("kernel_src = r'''")
         if kernels:
+            result.writeline(CPP_PREFIX_INCLUDE)
             result.splice(kernels)
         result.writeline("'''")
         result.splice(
@@ -812,6 +818,25 @@ class CppWrapperCpu(PythonWrapperCodegen):
 
     def generate_profiler_mark_wrapper_call(self, stack: Any) -> None:
         self.wrapper_call.writeline('cppwrap::RecordScope record_call("## Call CompiledFxGraph (C++) ##");')
+
+
+class _MultiOutputCheck(WrapperLine):
+    def __init__(self, wrapper: CppWrapperCpu, node: ir.MultiOutput) -> None:
+        self.wrapper = wrapper
+        self.node = node
+
+    def codegen(self, code: IndentedBuffer) -> None:
+        name = self.node.get_name()
+        if name in self.wrapper.declared:
+            return
+        parent = self.node.input_name(0)
+        if not self.node.indices and parent in self.wrapper.declared:
+            self.wrapper.declared.add(name)
+            code.writeline(f"auto {name} = {parent}.clone_ref();")
+            return
+        raise NotImplementedError(
+            f"torch_cppwrap: output {name} of {parent} was not produced by its kernel call"
+        )
 
 
 def _op_from_python_name(name: str) -> torch._ops.OpOverload:

@@ -89,6 +89,12 @@ class Tensor {
     return impl_ != nullptr;
   }
 
+  // Forgets the slot's content without releasing it: for after the runtime
+  // has destroyed or moved out the at::Tensor itself.
+  void forget() {
+    impl_ = nullptr;
+  }
+
   // Storage for the runtime to construct an at::Tensor in; the tensor must be
   // empty.
   void* slot() {
@@ -496,7 +502,9 @@ inline PyObject* output(Tensor& t) {
   if (!t.defined()) {
     Py_RETURN_NONE;
   }
-  return api->wrap(t.slot());
+  PyObject* result = api->wrap(t.slot());  // destroys the slot's at::Tensor
+  t.forget();
+  return result;
 }
 
 inline PyObject* output(int64_t v) {

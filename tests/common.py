@@ -1,0 +1,88 @@
+"""Shared helpers for torch_cppwrap's upstream-style tests."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+from unittest import mock
+
+import torch
+from torch._inductor import config
+from torch._inductor.test_case import TestCase
+from torch._inductor.utils import run_and_get_code
+
+import torch_cppwrap  # noqa: F401  (the import patches Inductor)
+from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().requires_grad_(value.requires_grad)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone(v) for v in value)
+    return copy.copy(value)
+
+
+class CppWrapperTestCase(TestCase):
+    """Compiles functions with cpp_wrapper=True and checks that torch_cppwrap
+    generated the code and that the results match eager."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        torch._dynamo.reset()
+
+    def compile_and_run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        *,
+        dynamic: bool | None = False,
+        compile_kwargs: dict[str, Any] | None = None,
+    ) -> tuple[Any, list[str]]:
+        """Returns (result, generated sources) and asserts our wrapper made them."""
+        created = []
+        original_create = CppWrapperCpu.create
+
+        def counting_create(*a: Any, **k: Any) -> CppWrapperCpu:
+            wrapper = original_create(*a, **k)
+            created.append(type(wrapper))
+            return wrapper
+
+        compiled = torch.compile(fn, dynamic=dynamic, **(compile_kwargs or {}))
+        with (
+            config.patch(cpp_wrapper=True, fx_graph_cache=False),
+            mock.patch.object(CppWrapperCpu, "create", staticmethod(counting_create)),
+        ):
+            result, sources = run_and_get_code(compiled, *args)
+        self.assertTrue(created, "torch_cppwrap's CppWrapperCpu generated no code")
+        self.assertTrue(all(issubclass(c, CppWrapperCpu) for c in created))
+        self.assertTrue(sources)
+        for source in sources:
+            self.assertIn("from torch_cppwrap._inductor.codecache import", source)
+            self.assertIn('#include "cppwrap_runtime.h"', source)
+        return result, sources
+
+    def check(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        *,
+        atol: float | None = None,
+        rtol: float | None = None,
+        dynamic: bool | None = False,
+        compile_kwargs: dict[str, Any] | None = None,
+    ) -> list[str]:
+        """Compiles `fn` with our wrapper, compares outputs and mutated inputs
+        with eager, and returns the generated sources."""
+        eager_args = _clone(args)
+        expected = fn(*eager_args)
+        actual_args = _clone(args)
+        actual, sources = self.compile_and_run(
+            fn, actual_args, dynamic=dynamic, compile_kwargs=compile_kwargs
+        )
+        kwargs = {} if atol is None else {"atol": atol, "rtol": rtol}
+        torch.testing.assert_close(actual, expected, **kwargs)
+        # Inputs mutated in place must match too.
+        torch.testing.assert_close(actual_args, eager_args, **kwargs)
+        return sources

@@ -1,0 +1,255 @@
+"""Behaviour of torch_cppwrap's CPU C++ wrapper, compared with eager."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch._inductor import config
+from torch._inductor.test_case import run_tests
+
+from tests.common import CppWrapperTestCase
+
+
+class TestSeedAndPointwise(CppWrapperTestCase):
+    def test_seed_example_single_fused_kernel(self) -> None:
+        def fn(x, y):
+            return (x + y).sum()
+
+        x, y = torch.randn(128, 128), torch.randn(128, 128)
+        (source,) = self.check(fn, (x, y))
+        # One fused add+sum kernel, compiled into the same module.
+        self.assertEqual(len(re.findall(r'extern "C"\s+void\s+cpp_fused', source)), 2)
+        self.assertIn("cpp_fused_add_sum_0(", source)
+        # Inputs are released once dead, before the outputs are returned.
+        body = source[source.index("static PyObject* call_impl") :]
+        self.assertLess(body.index("arg0_1.reset();"), body.index("out0 = "))
+        self.assertIn("cppwrap::GilRelease nogil;", body)
+
+    def test_pointwise_broadcast(self) -> None:
+        def fn(a, b, c):
+            return torch.sigmoid(a) * b + c.exp() - 1.5
+
+        self.check(fn, (torch.randn(4, 1, 8), torch.randn(1, 6, 8), torch.randn(8)))
+
+    def test_reductions(self) -> None:
+        def fn(x):
+            return x.sum(0), x.amax(1), x.mean(), torch.var(x, dim=1), x.argmax(1)
+
+        self.check(fn, (torch.randn(33, 17),))
+
+    def test_softmax_and_layer_norm(self) -> None:
+        ln = torch.nn.LayerNorm(64)
+
+        def fn(x):
+            return ln(torch.softmax(x, -1))
+
+        with torch.no_grad():
+            self.check(fn, (torch.randn(8, 64),))
+
+
+class TestExternKernels(CppWrapperTestCase):
+    def test_mm_addmm_bmm(self) -> None:
+        def fn(a, b, bias, c, d):
+            return a @ b, torch.addmm(bias, a, b), torch.bmm(c, d)
+
+        args = (
+            torch.randn(16, 32),
+            torch.randn(32, 8),
+            torch.randn(8),
+            torch.randn(3, 4, 5),
+            torch.randn(3, 5, 6),
+        )
+        (source,) = self.check(fn, args, atol=1e-4, rtol=1e-4)
+        self.assertRegex(source, r"aoti_torch_cpu_(mm|addmm|bmm)_out")
+
+    def test_convolution(self) -> None:
+        conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+        def fn(x):
+            return F.relu(conv(x))
+
+        with torch.no_grad():
+            (source,) = self.check(fn, (torch.randn(2, 3, 16, 16),), atol=1e-4, rtol=1e-4)
+        self.assertIn("convolution", source)
+
+
+class TestFallbacks(CppWrapperTestCase):
+    def test_fallback_with_c_shim(self) -> None:
+        def fn(x):
+            # topk and sort are Inductor fallbacks with a C shim.
+            values, indices = torch.topk(x, 3)
+            return values * 2, indices
+
+        (source,) = self.check(fn, (torch.randn(8, 10),))
+        self.assertIn("aoti_torch_cpu_topk", source)
+
+    def test_custom_op_without_shim(self) -> None:
+        @torch.library.custom_op("cppwrap_test::scale_add", mutates_args=())
+        def scale_add(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
+            return x + alpha * y
+
+        @scale_add.register_fake
+        def _(x, y, alpha):
+            return torch.empty_like(x)
+
+        def fn(x, y):
+            return scale_add(x.sin(), y, 0.5).cos()
+
+        (source,) = self.check(fn, (torch.randn(5, 5), torch.randn(5, 5)))
+        self.assertIn('cppwrap::find_op("cppwrap_test::scale_add"', source)
+        self.assertIn(".real(0.5)", source)
+
+    def test_custom_op_multiple_outputs(self) -> None:
+        @torch.library.custom_op("cppwrap_test::split_two", mutates_args=())
+        def split_two(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return x[:n].clone(), x[n:].clone()
+
+        @split_two.register_fake
+        def _(x, n):
+            return x.new_empty(n, *x.shape[1:]), x.new_empty(x.shape[0] - n, *x.shape[1:])
+
+        def fn(x):
+            a, b = split_two(x * 2, 3)
+            return a + 1, b - 1
+
+        self.check(fn, (torch.randn(7, 4),))
+
+    def test_custom_op_mutating_input(self) -> None:
+        @torch.library.custom_op("cppwrap_test::add_one_", mutates_args=("x",))
+        def add_one_(x: torch.Tensor) -> None:
+            x.add_(1)
+
+        def fn(x):
+            y = x * 3
+            add_one_(y)
+            return y
+
+        self.check(fn, (torch.randn(6),))
+
+
+class TestViewsAndMutation(CppWrapperTestCase):
+    def test_views_and_reinterpret(self) -> None:
+        def fn(x):
+            y = x.t().contiguous()
+            return y.view(-1)[3:20], x[:, 1::2], x.unsqueeze(0).expand(3, -1, -1)
+
+        self.check(fn, (torch.randn(6, 8),))
+
+    def test_as_strided_output_of_extern(self) -> None:
+        def fn(a, b):
+            return (a @ b).view(4, 2, 8).transpose(0, 1)
+
+        self.check(fn, (torch.randn(4, 16), torch.randn(16, 16)), atol=1e-4, rtol=1e-4)
+
+    def test_inplace_mutation_of_inputs(self) -> None:
+        def fn(x, y):
+            x.add_(y)
+            y.mul_(2)
+            return x.sum()
+
+        self.check(fn, (torch.randn(10), torch.randn(10)))
+
+    def test_index_put_accumulate(self) -> None:
+        def fn(x, idx, v):
+            return x.index_put((idx,), v, accumulate=True)
+
+        x = torch.zeros(10)
+        idx = torch.tensor([0, 2, 2, 9])
+        self.check(fn, (x, idx, torch.ones(4)))
+
+
+class TestOutputsAndInputs(CppWrapperTestCase):
+    def test_several_outputs_aliasing_and_0d(self) -> None:
+        def fn(x, y):
+            s = x.sum()  # 0-d output
+            return x, s, x.view(-1), y + 1, s
+
+        x, y = torch.randn(3, 4), torch.randn(5)
+        self.check(fn, (x, y))
+
+    def test_output_is_input_identity(self) -> None:
+        def fn(x):
+            return x, x * 2
+
+        x = torch.randn(4)
+        out, _ = self.compile_and_run(fn, (x,))
+        self.assertIs(out[0], x)
+
+    def test_python_scalar_inputs(self) -> None:
+        def fn(x, a: int, b: float):
+            return x * a + b
+
+        # dynamic=None lets Dynamo pass the int and float as graph inputs.
+        compiled_args = (torch.randn(4), 3, 0.25)
+        self.check(fn, compiled_args, dynamic=None)
+        torch._dynamo.config.specialize_float = False
+
+    def test_dtypes(self) -> None:
+        def fn(i64, i32, b, f64, bf16):
+            return (
+                i64 * 3 + 1,
+                (i32 // 2).to(torch.int64),
+                b & (i32 > 0),
+                f64.sqrt(),
+                (bf16 * 2).float().sum(),
+            )
+
+        args = (
+            torch.arange(10, dtype=torch.int64),
+            torch.arange(-5, 5, dtype=torch.int32),
+            torch.rand(10) > 0.5,
+            torch.rand(10, dtype=torch.float64),
+            torch.randn(10, dtype=torch.bfloat16),
+        )
+        self.check(fn, args)
+
+    def test_buffer_reuse(self) -> None:
+        def fn(a, b):
+            x = a @ b
+            y = (x.relu() @ b).sigmoid()
+            z = (y @ b).tanh()
+            return z @ b
+
+        a, b = torch.randn(16, 16), torch.randn(16, 16)
+        (source,) = self.check(fn, (a, b), atol=1e-4, rtol=1e-4)
+        self.assertIn("// reuse", source)
+
+    def test_wrong_input_raises_python_exception(self) -> None:
+        def fn(x):
+            return x + 1
+
+        x = torch.randn(4)
+        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            from torch._inductor.utils import run_and_get_code
+
+            captured = {}
+            from torch._inductor.graph import GraphLowering
+
+            original = GraphLowering.compile_to_module
+
+            def capture(graph):
+                module = original(graph)
+                captured["module"] = module
+                return module
+
+            from unittest import mock
+
+            with mock.patch.object(GraphLowering, "compile_to_module", capture):
+                run_and_get_code(torch.compile(fn), x)
+        call = captured["module"].call
+        with self.assertRaisesRegex(TypeError, "expects 1 inputs, got 2"):
+            call([x, x])
+        with self.assertRaisesRegex(TypeError, "expected a Tensor for arg0_1"):
+            call([3])
+        with self.assertRaisesRegex(RuntimeError, r"input arg0_1: expected size \[4\]"):
+            call([torch.randn(5)])
+        with self.assertRaisesRegex(RuntimeError, "expected dtype Float"):
+            call([torch.zeros(4, dtype=torch.int64)])
+        with self.assertRaisesRegex(TypeError, "list of inputs"):
+            call((x,))
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,736 @@
+"""torch_cppwrap's C++ wrapper codegen for CUDA graphs.
+
+:class:`CppWrapperGpu` is :class:`CppWrapperCpu` plus what CUDA needs: Triton
+kernels compiled to cubins while the graph compiles, embedded in the wrapper
+module and launched through the CUDA driver API on PyTorch's current stream;
+extern kernels (cuBLAS, cuDNN) through the ``aoti_torch_cuda_*`` C shim; a
+device guard, so a graph on ``cuda:1`` runs there.
+
+One codegen pass.  While the body is generated, every Triton kernel call site
+is written twice: as a C++ call of the kernel's launcher,
+``launch_<kernel>(device, stream, args...)``, and as a line of the Python
+tuning block that Inductor's ``PythonWrapperCodegen`` builds when
+``config.triton.autotune_at_compile_time`` is set (cpp_wrapper=True sets it).
+When the body is done, the tuning block runs each kernel once on example
+inputs, which settles its config; the tuned config's cubin, entry name, shared
+memory, warps and parameter list then become the launcher's definition, above
+``call_impl``.  Nothing is generated twice, and no Python runs per call.
+
+What a generated launcher looks like::
+
+    CPPWRAP_CUDA_EMBED_CUBIN(cubin_triton_poi_fused_add_0, "/.../3f2a....cubin");
+    static cppwrap::cuda::Kernel triton_poi_fused_add_0_kernel(
+        cubin_triton_poi_fused_add_0, "triton_poi_fused_add_0", 0, 128);
+
+    static void launch_triton_poi_fused_add_0(int32_t device, void* stream,
+            const cppwrap::Tensor& in_ptr0, ..., int64_t xnumel) {
+        const uint32_t grid_x = ((xnumel + (1024 - 1)) / (1024));
+        ...
+        void* params[] = {&in_ptr0_arg, ..., &xnumel_arg, &global_scratch, &profile_scratch};
+        triton_poi_fused_add_0_kernel.launch(device, grid_x, grid_y, grid_z, params, stream);
+    }
+
+Wiring (until the lead's _patching.py registers it): call :func:`register_cuda`
+after ``import torch_cppwrap``; :func:`unregister_cuda` undoes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import logging
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import sympy
+import torch
+from torch._inductor import config
+from torch._inductor.codegen.common import IndentedBuffer
+from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SymbolicCallArg
+from torch._inductor.virtualized import V
+
+from torch_cppwrap import _compat
+from torch_cppwrap._inductor import codecache
+from torch_cppwrap._inductor.codecache import CppWrapperCodeCache
+from torch_cppwrap._inductor.codegen import cpp_spellings as spell
+from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+from torch_cppwrap._inductor.codegen.shim_catalog import shim_function_exists
+
+log = logging.getLogger(__name__)
+
+CUDA_HEADER = codecache.RUNTIME_DIR / "cppwrap_cuda.h"
+_CUDA_SHIM_HEADER = "torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h"
+_SHIM_DECLARATION = re.compile(r"AOTITorchError\s+(aoti_torch_\w+)\s*\(")
+
+
+# ----------------------------------------------------------------------
+# C++ spellings for kernel parameters
+# ----------------------------------------------------------------------
+
+# Triton signature type of a scalar parameter -> the C type the cubin takes.
+TRITON_SCALAR_CTYPE: dict[str, str] = {
+    "i1": "int8_t",
+    "i8": "int8_t",
+    "i16": "int16_t",
+    "i32": "int32_t",
+    "i64": "int64_t",
+    "u1": "uint8_t",
+    "u8": "uint8_t",
+    "u16": "uint16_t",
+    "u32": "uint32_t",
+    "u64": "uint64_t",
+    "fp32": "float",
+    "f32": "float",
+    "fp64": "double",
+}
+
+# How the wrapper hands a call argument to a launcher, by kind.
+LAUNCHER_PARAM_CTYPE: dict[str, str] = {
+    "tensor": "const cppwrap::Tensor&",
+    "int": "int64_t",
+    "float": "double",
+    "bool": "bool",
+}
+
+
+def cuda_shim_functions() -> frozenset[str]:
+    return _cuda_shim_functions()
+
+
+@functools.cache
+def _cuda_shim_functions() -> frozenset[str]:
+    header = Path(torch.__file__).resolve().parent / "include" / _CUDA_SHIM_HEADER
+    if not header.exists():
+        return frozenset()
+    return frozenset(_SHIM_DECLARATION.findall(header.read_text()))
+
+
+def is_cuda_shim_function(name: str) -> bool:
+    return name in cuda_shim_functions() or shim_function_exists(name)
+
+
+# ----------------------------------------------------------------------
+# what a tuned Triton kernel needs to be launched from C++
+# ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelParam:
+    """One parameter of the compiled kernel: a name of the launcher's
+    arguments and its Triton signature type ('*fp32', 'i32', ...)."""
+
+    name: str
+    signature: str
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.signature.startswith("*")
+
+
+@dataclasses.dataclass(frozen=True)
+class TunedKernel:
+    """A Triton kernel after tuning: the chosen config compiled to a cubin."""
+
+    name: str  # Inductor's name for the kernel (also the C++ names' stem)
+    entry: str  # the cubin's entry point (Triton's mangled name)
+    cubin_path: str
+    shared_bytes: int
+    num_warps: int
+    # Names the launcher receives, in Inductor's call order.
+    launcher_args: tuple[str, ...]
+    # The cubin's parameters, in order, before the scratch pointers.
+    params: tuple[KernelParam, ...]
+    # Grid: C++ statements, then the three dimensions as C++ expressions of
+    # the launcher's arguments.
+    grid_prefix: tuple[str, ...]
+    grid: tuple[str, str, str]
+    # Per-program bytes of Triton's scratch buffers; None when the kernel
+    # takes no such parameter.
+    global_scratch: int | None
+    profile_scratch: int | None
+    description: str = ""
+
+
+@dataclasses.dataclass
+class LaunchSignature:
+    """How the wrapper calls one kernel's launcher: the kind of each argument
+    ('tensor', 'int', 'float', 'bool'), fixed by the first call site."""
+
+    kernel_name: str
+    kinds: tuple[str, ...]
+    metadata: str = ""
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def store_cubin(data: bytes) -> Path:
+    """Writes a cubin into the graph cache, named by its content."""
+    digest = hashlib.sha256(data).hexdigest()
+    path = codecache.graph_cache_dir() / "cubin" / digest[:2] / f"{digest}.cubin"
+    if not path.exists():
+        _atomic_write_bytes(path, data)
+    return path
+
+
+def tuned_kernel_from_autotuner(name: str, autotuner: Any) -> TunedKernel:
+    """Reads the tuned config of Inductor's CachingAutotuner for `name`, which
+    the tuning block ran once with config.triton.store_cubin set."""
+    from torch._inductor.runtime.triton_heuristics import GridExpr
+
+    launchers = getattr(autotuner, "launchers", None)
+    if not launchers:
+        raise RuntimeError(f"torch_cppwrap: Triton kernel {name} was never compiled")
+    if len(launchers) != 1:
+        raise RuntimeError(
+            f"torch_cppwrap: Triton kernel {name} still has {len(launchers)} configs "
+            "after tuning"
+        )
+    launcher = launchers[0]
+    binary = getattr(launcher, "bin", None)
+    if binary is None:
+        raise RuntimeError(
+            f"torch_cppwrap: Triton kernel {name} kept no cubin; the C++ wrapper needs "
+            "config.triton.store_cubin=True (cpp_wrapper=True normally sets it)"
+        )
+    meta = binary.metadata
+    num_ctas = getattr(meta, "num_ctas", 1)
+    if num_ctas != 1 or getattr(meta, "launch_pdl", False) or getattr(
+        meta, "launch_cooperative_grid", False
+    ):
+        raise NotImplementedError(
+            f"torch_cppwrap: Triton kernel {name} needs a cluster, PDL or cooperative "
+            "launch, which the C++ wrapper does not do yet"
+        )
+    triton_meta = autotuner.triton_meta
+    signature: dict[str, str] = triton_meta["signature"]
+    constants = triton_meta.get("constants", {})
+    params = tuple(
+        KernelParam(arg, signature[arg])
+        for arg in launcher.call_args
+        if signature.get(arg, "constexpr") != "constexpr" and arg not in constants
+    )
+    grid = GridExpr.from_meta(autotuner.inductor_meta, launcher.config, mode="cpp")
+    cubin = binary.asm["cubin"]
+    config_text = ", ".join(f"{k}={v}" for k, v in launcher.config.kwargs.items())
+    return TunedKernel(
+        name=name,
+        entry=meta.name,
+        cubin_path=str(store_cubin(cubin)),
+        shared_bytes=int(meta.shared),
+        num_warps=int(meta.num_warps),
+        launcher_args=tuple(launcher.def_args),
+        params=params,
+        grid_prefix=tuple(grid.prefix),
+        grid=(str(grid.x_grid), str(grid.y_grid), str(grid.z_grid)),
+        global_scratch=getattr(launcher, "global_scratch", None),
+        profile_scratch=getattr(launcher, "profile_scratch", None),
+        description=(
+            f"{config_text}{', ' if config_text else ''}num_warps={meta.num_warps}, "
+            f"num_stages={getattr(meta, 'num_stages', '?')}, shared memory {meta.shared} B"
+        ),
+    )
+
+
+# ----------------------------------------------------------------------
+# rendering a launcher
+# ----------------------------------------------------------------------
+
+
+def _kernel_param_value(param: KernelParam, kind: str) -> tuple[str, str]:
+    """(declaration, variable) handing launcher argument `param.name`, of
+    wrapper kind `kind`, to the cubin."""
+    var = f"{param.name}_arg"
+    if param.is_pointer:
+        if kind != "tensor":
+            raise NotImplementedError(
+                f"torch_cppwrap: pointer parameter {param.name} given a {kind}"
+            )
+        return f"void* {var} = {param.name}.data_ptr();", var
+    ctype = TRITON_SCALAR_CTYPE.get(param.signature)
+    if ctype is None:
+        raise NotImplementedError(
+            f"torch_cppwrap: Triton parameter {param.name} of type {param.signature} "
+            "is not supported by the C++ wrapper"
+        )
+    if kind == "tensor":
+        raise NotImplementedError(
+            f"torch_cppwrap: scalar parameter {param.name} given a tensor"
+        )
+    return f"{ctype} {var} = static_cast<{ctype}>({param.name});", var
+
+
+def _comment_text(text: str) -> str:
+    """`text` as a one-line C++ comment that can neither close the generated
+    module's raw string nor continue onto the next line."""
+    return "// " + text.replace("'''", "' ' '").rstrip().rstrip("\\")
+
+
+def render_launcher(kernel: TunedKernel, call: LaunchSignature) -> str:
+    """The C++ that embeds `kernel`'s cubin and defines its launcher."""
+    if len(call.kinds) != len(kernel.launcher_args):
+        raise NotImplementedError(
+            f"torch_cppwrap: Triton kernel {kernel.name} is called with "
+            f"{len(call.kinds)} arguments but its launcher takes "
+            f"{list(kernel.launcher_args)}"
+        )
+    kinds = dict(zip(kernel.launcher_args, call.kinds))
+    cubin_symbol = f"cubin_{kernel.name}"
+    kernel_var = f"{kernel.name}_kernel"
+    code = IndentedBuffer()
+    for line in call.metadata.splitlines():
+        if line.strip():
+            code.writeline(_comment_text(line.strip().lstrip("#/ ")))
+    code.writeline(f"// {kernel.name}: {kernel.description}")
+    code.writeline(
+        f"CPPWRAP_CUDA_EMBED_CUBIN({cubin_symbol}, {spell.string_literal(kernel.cubin_path)});"
+    )
+    code.writeline(
+        f"static cppwrap::cuda::Kernel {kernel_var}({cubin_symbol}, "
+        f"{spell.string_literal(kernel.entry)}, {kernel.shared_bytes}, {32 * kernel.num_warps});"
+    )
+    params = ["int32_t device", "void* stream"] + [
+        f"{LAUNCHER_PARAM_CTYPE[kind]} {name}" for name, kind in kinds.items()
+    ]
+    code.writeline(f"static void launch_{kernel.name}({', '.join(params)}) {{")
+    with code.indent():
+        for line in kernel.grid_prefix:
+            code.writeline(line)
+        for axis, expr in zip("xyz", kernel.grid):
+            code.writeline(f"const uint32_t grid_{axis} = {expr};")
+        code.writeline("if (grid_x == 0 || grid_y == 0 || grid_z == 0) return;")
+        pointers = []
+        for param in kernel.params:
+            decl, var = _kernel_param_value(param, kinds.get(param.name, "int"))
+            code.writeline(decl)
+            pointers.append(f"&{var}")
+        for scratch, size in (
+            ("global_scratch", kernel.global_scratch),
+            ("profile_scratch", kernel.profile_scratch),
+        ):
+            if size is None:
+                continue
+            if size > 0:
+                code.writeline(
+                    f"cppwrap::Tensor {scratch}_buffer = cppwrap::cuda::scratch(device, "
+                    f"uint64_t(grid_x) * grid_y * grid_z, {size});"
+                )
+                code.writeline(f"void* {scratch} = {scratch}_buffer.data_ptr();")
+            else:
+                code.writeline(f"void* {scratch} = nullptr;")
+            pointers.append(f"&{scratch}")
+        code.writeline(f"void* params[] = {{{', '.join(pointers)}}};")
+        code.writeline(
+            f"{kernel_var}.launch(device, grid_x, grid_y, grid_z, params, stream);"
+        )
+    code.writeline("}")
+    return code.getvalue()
+
+
+# ----------------------------------------------------------------------
+# the wrapper codegen
+# ----------------------------------------------------------------------
+
+
+class CppWrapperGpu(CppWrapperCpu):
+    """Generates a CUDA graph's host wrapper as C++."""
+
+    device = "cuda"
+
+    def __init__(self) -> None:
+        self.launch_signatures: dict[str, LaunchSignature] = {}
+        self.kernel_metadata: dict[str, str] = {}
+        self.symbolic_call_args: set[str] = set()
+        super().__init__()
+
+    @staticmethod
+    def create(
+        is_subgraph: bool,
+        subgraph_name: str | None,
+        parent_wrapper: PythonWrapperCodegen | None,
+        partition_signatures: Any = None,
+    ) -> CppWrapperGpu:
+        if is_subgraph:
+            raise NotImplementedError(
+                "torch_cppwrap: subgraphs (torch.cond, torch.while_loop, "
+                "invoke_subgraph) are not supported by the C++ wrapper yet; "
+                "compile without cpp_wrapper=True for this model"
+            )
+        if partition_signatures is not None:
+            raise NotImplementedError(
+                "torch_cppwrap: graph partitions are not supported by the C++ wrapper"
+            )
+        return CppWrapperGpu()
+
+    # ------------------------------------------------------------------
+    # sections
+    # ------------------------------------------------------------------
+
+    def write_header(self) -> None:
+        context = torch._guards.TracingContext.try_get()
+        graph_name = getattr(context, "aot_graph_name", None) if context else None
+        self.imports.splice(
+            f"""
+            # C++ wrapper generated by torch_cppwrap{f" for {graph_name}" if graph_name else ""} (CUDA)
+            from torch_cppwrap._inductor.codegen.cpp_wrapper_gpu import CudaWrapperCodeCache as CppWrapperCodeCache
+
+            wrapper_src = r'''\
+            """,
+            strip=True,
+        )
+        self.header.splice(
+            """
+            // Host wrapper generated by torch_cppwrap: `call` unpacks the inputs,
+            // launches the graph's kernels on the current CUDA stream with the GIL
+            // released, and returns its outputs.
+            #include "cppwrap_runtime.h"
+            #include "cppwrap_cuda.h"
+
+            CPPWRAP_MODULE_STATE()
+
+            """
+        )
+
+    # Inductor's tuning block (PythonWrapperCodegen) needs these; the CPU
+    # wrapper turns them off.
+    def write_kernel_autotune_defs_header(self) -> None:
+        PythonWrapperCodegen.write_kernel_autotune_defs_header(self)
+
+    def write_triton_header_once(self) -> None:
+        PythonWrapperCodegen.write_triton_header_once(self)
+
+    def write_get_raw_stream(self, device_idx: int, graph_name: str) -> str:
+        # Memoised per (device, graph) by PythonWrapperCodegen.__init__.
+        name = f"stream{device_idx}"
+        self.writeline(f"void* {name} = cppwrap::cuda::current_stream({device_idx});")
+        return name
+
+    def codegen_device_guard_enter(self, device_idx: int) -> None:
+        if self.last_seen_device_guard_index is None:
+            self.writeline(f"cppwrap::cuda::DeviceGuard device_guard({device_idx});")
+        elif self.last_seen_device_guard_index != device_idx:
+            self.writeline(f"device_guard.set_index({device_idx});")
+        self.last_seen_device_guard_index = device_idx
+
+    def codegen_device_guard_exit(self) -> None:
+        pass  # the guard lives until call_impl returns
+
+    def _generate_symbolic_call_arg_helper(self, arg: SymbolicCallArg, graph: Any) -> None:
+        name = str(arg.inner)
+        value = self.codegen_cpp_sizevar(arg.inner_expr)
+        if name in self.symbolic_call_args:
+            self.writeline(f"{name} = {value};")
+        else:
+            self.symbolic_call_args.add(name)
+            self.writeline(f"int64_t {name} = {value};")
+
+    # ------------------------------------------------------------------
+    # Triton kernels
+    # ------------------------------------------------------------------
+
+    @staticmethod
+    def _require_compile_time_tuning() -> None:
+        if not config.triton.autotune_at_compile_time:
+            raise NotImplementedError(
+                "torch_cppwrap: the CUDA C++ wrapper tunes Triton kernels while the "
+                "graph compiles; leave config.triton.autotune_at_compile_time unset "
+                "or True"
+            )
+
+    def _define_kernel_helper(
+        self,
+        kernel_name: str,
+        kernel_body: str,
+        metadata: str | None = None,
+        gpu: bool = True,
+        cpp_definition: str | None = None,
+    ) -> None:
+        if not gpu:
+            super()._define_kernel_helper(
+                kernel_name, kernel_body, metadata, gpu, cpp_definition
+            )
+            return
+        self._require_compile_time_tuning()
+        self.kernel_metadata[kernel_name] = metadata or ""
+        # Into the tuning block, which compiles and tunes it.
+        PythonWrapperCodegen._define_kernel_helper(
+            self, kernel_name, kernel_body, metadata, gpu, cpp_definition
+        )
+
+    def _generate_kernel_call_helper(
+        self,
+        kernel_name: str,
+        call_args: Sequence[Any],
+        *,
+        device: torch.device | None = None,
+        triton: bool = True,
+        arg_types: Sequence[Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        device = device or V.graph.get_current_device_or_throw()
+        if device.type == "cpu":
+            super()._generate_kernel_call_helper(
+                kernel_name, call_args, device=device, triton=triton,
+                arg_types=arg_types, **kwargs,
+            )
+            return
+        if not triton:
+            raise NotImplementedError(
+                f"torch_cppwrap: CUDA C++ kernel {kernel_name} (CUTLASS or a CUDA "
+                "template) is not supported by the C++ wrapper"
+            )
+        if kernel_name.startswith("multi_kernel_"):
+            raise NotImplementedError(
+                "torch_cppwrap: config.triton.multi_kernel is not supported by the C++ wrapper"
+            )
+        self._require_compile_time_tuning()
+        assert arg_types is not None and len(arg_types) == len(call_args)
+        if kernel_name not in self.kernel_autotune_names:
+            # The tuning block's line for this kernel (once per kernel).
+            PythonWrapperCodegen._generate_kernel_call_helper(
+                self, kernel_name, call_args, device=device, triton=True,
+                arg_types=arg_types, **kwargs,
+            )
+        index = device.index or 0
+        stream = self.write_get_raw_stream(index, kwargs.get("graph_name", ""))
+        kinds, values = [], []
+        for arg, arg_type in zip(call_args, arg_types):
+            kind, value = self._launch_argument(arg, arg_type)
+            kinds.append(kind)
+            values.append(value)
+        signature = LaunchSignature(
+            kernel_name, tuple(kinds), self.kernel_metadata.get(kernel_name, "")
+        )
+        known = self.launch_signatures.setdefault(kernel_name, signature)
+        if known.kinds != signature.kinds:
+            raise NotImplementedError(
+                f"torch_cppwrap: Triton kernel {kernel_name} is called with different "
+                f"argument kinds ({known.kinds} and {signature.kinds})"
+            )
+        self.writeline(f"launch_{kernel_name}({', '.join([str(index), stream, *values])});")
+
+    def _launch_argument(self, arg: Any, arg_type: Any) -> tuple[str, str]:
+        """(kind, C++ expression) of one Triton call argument."""
+        from torch._inductor.codegen.triton_utils import should_unwrap_unspec_arg
+
+        if isinstance(arg, SymbolicCallArg):
+            return "int", str(arg.inner)
+        if isinstance(arg, bool):
+            return "bool", spell.bool_literal(arg)
+        if isinstance(arg, int):
+            return "int", spell.int_literal(arg)
+        if isinstance(arg, float):
+            return "float", spell.float_literal(arg)
+        if isinstance(arg, sympy.Expr):
+            if arg.is_integer is False or isinstance(arg, sympy.Float):
+                return "float", self.codegen_cpp_sizevar(arg)
+            return "int", self.codegen_cpp_sizevar(arg)
+        if isinstance(arg, str):
+            if "=" in arg:
+                raise NotImplementedError(
+                    f"torch_cppwrap: keyword Triton argument {arg} is not supported"
+                )
+            if isinstance(arg_type, torch.dtype):
+                if should_unwrap_unspec_arg(arg):
+                    # A Python scalar that dynamo passed as a 0-d CPU tensor.
+                    if arg_type.is_floating_point:
+                        return "float", f"cppwrap::item_double({arg})"
+                    return "int", f"cppwrap::item_long({arg})"
+                return "tensor", arg
+            return "int", arg
+        raise NotImplementedError(
+            f"torch_cppwrap: Triton argument {arg!r} ({type(arg).__name__}) is not "
+            "supported by the C++ wrapper"
+        )
+
+    def get_autotuning_input_name(self, idx: int) -> str:
+        return f"_cppwrap_autotune_input_{idx}"
+
+    def generate_and_run_autotune_block(self) -> None:
+        """Runs Inductor's tuning block, then defines each kernel's launcher
+        from the config it settled on."""
+        self.kernel_autotune_defs.splice(
+            """
+            async_compile.wait(globals())
+            del async_compile
+            """
+        )
+        scope: dict[str, Any] = {}
+        sample_inputs = getattr(V.graph, "autotuning_inputs", None)
+        if sample_inputs:
+            scope = {
+                self.get_autotuning_input_name(i): v for i, v in enumerate(sample_inputs)
+            }
+        code = self.kernel_autotune_defs.getvalue() + "\n" + self.kernel_autotune_calls.getvalue()
+        log.debug("torch_cppwrap: tuning block:\n%s", code)
+        try:
+            exec(compile(code, "<torch_cppwrap tuning block>", "exec"), scope)
+        except Exception as e:
+            raise RuntimeError(
+                f"torch_cppwrap: compiling and tuning the graph's Triton kernels failed: {e}"
+            ) from e
+        for name, signature in self.launch_signatures.items():
+            tuned = tuned_kernel_from_autotuner(name, scope[name])
+            self.header.splice("\n" + render_launcher(tuned, signature))
+
+    # ------------------------------------------------------------------
+    # extern kernels and fallbacks through the CUDA C shim
+    # ------------------------------------------------------------------
+
+    def _generate_extern_kernel_out_helper(
+        self,
+        kernel: str,
+        out: str,
+        out_view: str | None,
+        args: list[str],
+        device: str,
+        stack_traces: Any = None,
+    ) -> None:
+        if not kernel.startswith("aoti_torch_cuda_"):
+            super()._generate_extern_kernel_out_helper(
+                kernel, out, out_view, args, device, stack_traces
+            )
+            return
+        if not is_cuda_shim_function(kernel):
+            raise NotImplementedError(f"torch_cppwrap: no C shim function {kernel}")
+        out_arg = f"{out}.get()"
+        if out_view:
+            view_name = f"{out}_as_strided"
+            self.writeline(f"auto {view_name} = {out_view};")
+            out_arg = f"{view_name}.get()"
+        self._shim_call(kernel, [out_arg, *args], kernel)
+
+    def generate_fallback_kernel(self, node: Any) -> None:
+        op = node.op_overload
+        device = d.type if (d := node.get_device()) else self.device
+        if device == "cuda" and isinstance(op, torch._ops.OpOverload):
+            shim_fn = _compat.c_shim_function_name(op, device)
+            if shim_fn is not None and is_cuda_shim_function(shim_fn):
+                PythonWrapperCodegen.generate_fallback_kernel(self, node)
+                return
+        super().generate_fallback_kernel(node)
+
+
+# ----------------------------------------------------------------------
+# building CUDA wrapper modules
+# ----------------------------------------------------------------------
+
+
+@functools.cache
+def cuda_header_digest() -> str:
+    return hashlib.sha256(CUDA_HEADER.read_bytes()).hexdigest()[:16]
+
+
+def cuda_compile_flags() -> list[str]:
+    """Extra flags for a CUDA wrapper module's compile: the shim's CUDA entry
+    points, and our header's digest so that the module's cache key changes
+    with it."""
+    return ["-DUSE_CUDA", f"-DCPPWRAP_CUDA_HEADER_DIGEST=0x{cuda_header_digest()}"]
+
+
+def cuda_link_flags() -> list[str]:
+    """libtorch_cuda holds the aoti_torch_cuda_* shim; libcuda is opened at
+    run time."""
+    return ["-ltorch_cuda"]
+
+
+class CudaWrapperCodeCache(CppWrapperCodeCache):
+    """CppWrapperCodeCache with the flags a CUDA wrapper module needs."""
+
+    @staticmethod
+    def _commands(
+        tc: Any,
+        tmpdir: Path,
+        init_name: str,
+        use_kernels: bool,
+        pch_dir: str | None,
+    ) -> codecache.BuildCommands:
+        cmds = CppWrapperCodeCache._commands(tc, tmpdir, init_name, use_kernels, pch_dir)
+        cmds.wrapper = [*cmds.wrapper, *cuda_compile_flags()]
+        cmds.link = [*cmds.link, *cuda_link_flags()]
+        return cmds
+
+
+# ----------------------------------------------------------------------
+# registration for "cuda"
+# ----------------------------------------------------------------------
+
+
+class CudaCppWrapperSelector:
+    """What the registry's cuda C++-wrapper slot holds while registered: our
+    wrapper for JIT graphs, the displaced class for AOTInductor."""
+
+    supports_caching = True
+    displaced: Any = None
+
+    @classmethod
+    def create(cls, *args: Any, **kwargs: Any) -> Any:
+        if V.graph.aot_mode and cls.displaced is not None:
+            return cls.displaced.create(*args, **kwargs)
+        return CppWrapperGpu.create(*args, **kwargs)
+
+
+_registry_lock = threading.Lock()
+_registry_original: tuple[Any, Any, Any] | None = None
+
+
+def register_cuda() -> None:
+    """Routes cpp_wrapper=True compilation of CUDA graphs through
+    CppWrapperGpu.  Idempotent."""
+    global _registry_original
+    from torch._inductor.codegen import common
+
+    from torch_cppwrap import _patching
+
+    with _registry_lock:
+        common.init_backend_registration()
+        if _registry_original is None:
+            entry = common.device_codegens.get("cuda")
+            if entry is None:
+                raise RuntimeError("torch_cppwrap: Inductor has no cuda backend registered")
+            _registry_original = (
+                entry,
+                common.custom_backend_passes.get("cuda"),
+                common.custom_backend_codegen_configs.get("cuda"),
+            )
+        entry, custom_pass, custom_config = _registry_original
+        CudaCppWrapperSelector.displaced = entry.cpp_wrapper_codegen
+        common.register_backend_for_device(
+            "cuda",
+            entry.scheduling,
+            entry.wrapper_codegen,
+            CudaCppWrapperSelector,
+            getattr(entry, "fx_wrapper_codegen", None),
+            _patching._make_cache_tag_pass(custom_pass),
+            custom_config,
+        )
+
+
+def unregister_cuda() -> None:
+    """Puts back the cuda backend entry that register_cuda() replaced."""
+    global _registry_original
+    from torch._inductor.codegen import common
+
+    with _registry_lock:
+        if _registry_original is None:
+            return
+        entry, custom_pass, custom_config = _registry_original
+        common.device_codegens["cuda"] = entry
+        common.custom_backend_passes["cuda"] = custom_pass
+        common.custom_backend_codegen_configs["cuda"] = custom_config
+        _registry_original = None
+
+
+def is_cuda_registered() -> bool:
+    return _registry_original is not None

@@ -1,0 +1,136 @@
+"""patch()/unpatch(): every replaced name, before and after."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import torch
+import torch._inductor.codecache as inductor_codecache
+from torch._inductor import ir
+from torch._inductor.codegen import common
+from torch._inductor.test_case import TestCase, run_tests
+
+import torch_cppwrap
+from torch_cppwrap import _compat, _patching
+from torch_cppwrap._inductor.codecache import CppWrapperCodeCache
+
+
+class TestPatching(TestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        torch_cppwrap.patch()
+
+    def tearDown(self) -> None:
+        torch_cppwrap.patch()  # leave the process patched for other tests
+        super().tearDown()
+
+    def assert_patched(self) -> None:
+        self.assertTrue(torch_cppwrap.is_patched())
+        self.assertIs(
+            common.get_wrapper_codegen_for_device("cpu", cpp_wrapper=True),
+            _patching.CpuCppWrapperSelector,
+        )
+        self.assertIs(inductor_codecache.CppWrapperCodeCache, CppWrapperCodeCache)
+        self.assertIs(ir.ExternKernel.try_get_kernel_name, _patching._try_get_kernel_name)
+        tag = common.custom_backend_passes["cpu"]
+        self.assertEqual(tag.uuid()[0], "torch_cppwrap")
+
+    def test_patch_replaces_every_name(self) -> None:
+        self.assert_patched()
+        for module in _patching.modules_holding_code_cache(CppWrapperCodeCache):
+            self.assertIs(module.CppWrapperCodeCache, CppWrapperCodeCache)
+
+    def test_patch_is_idempotent_and_keeps_true_originals(self) -> None:
+        original_cache = torch_cppwrap.get_original(
+            inductor_codecache, "CppWrapperCodeCache"
+        )
+        original_name = torch_cppwrap.get_original(ir.ExternKernel, "try_get_kernel_name")
+        torch_cppwrap.patch()
+        torch_cppwrap.patch()
+        self.assert_patched()
+        self.assertIs(
+            torch_cppwrap.get_original(inductor_codecache, "CppWrapperCodeCache"),
+            original_cache,
+        )
+        self.assertIs(
+            torch_cppwrap.get_original(ir.ExternKernel, "try_get_kernel_name"),
+            original_name,
+        )
+        self.assertIsNot(original_cache, CppWrapperCodeCache)
+        self.assertEqual(original_cache.__module__, "torch._inductor.codecache")
+
+    def test_unpatch_restores_every_original(self) -> None:
+        original_cache = torch_cppwrap.get_original(
+            inductor_codecache, "CppWrapperCodeCache"
+        )
+        holders = _patching.modules_holding_code_cache(CppWrapperCodeCache)
+        original_entry = _patching._registry_originals["cpu"][0]
+        original_name = torch_cppwrap.get_original(ir.ExternKernel, "try_get_kernel_name")
+
+        torch_cppwrap.unpatch()
+        self.assertFalse(torch_cppwrap.is_patched())
+        self.assertIs(inductor_codecache.CppWrapperCodeCache, original_cache)
+        for module in holders:
+            self.assertIs(module.CppWrapperCodeCache, original_cache)
+        self.assertIs(common.device_codegens["cpu"], original_entry)
+        self.assertIsNot(
+            common.get_wrapper_codegen_for_device("cpu", cpp_wrapper=True),
+            _patching.CpuCppWrapperSelector,
+        )
+        self.assertIs(ir.ExternKernel.try_get_kernel_name, original_name)
+        self.assertIsNone(common.custom_backend_passes.get("cpu"))
+
+        torch_cppwrap.patch()
+        self.assert_patched()
+
+    def test_unpatched_compile_uses_upstream(self) -> None:
+        from torch._inductor import config
+        from torch._inductor.utils import run_and_get_code
+
+        torch_cppwrap.unpatch()
+        try:
+            torch._dynamo.reset()
+            with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+                _, (source,) = run_and_get_code(
+                    torch.compile(lambda x: x.sin() + 1), torch.randn(8)
+                )
+        finally:
+            torch_cppwrap.patch()
+        self.assertNotIn("torch_cppwrap", source)
+        self.assertIn("from torch._inductor.codecache import CppWrapperCodeCache", source)
+
+    def test_aot_mode_keeps_upstream_wrapper(self) -> None:
+        self.assertIs(
+            _patching.CpuCppWrapperSelector.displaced,
+            _patching._registry_originals["cpu"][0].cpp_wrapper_codegen,
+        )
+
+    def test_unsupported_torch_warns_and_patches_nothing(self) -> None:
+        self.assertFalse(_compat.torch_is_supported("2.10.0"))
+        self.assertFalse(_compat.torch_is_supported("2.15.0"))
+        self.assertTrue(_compat.torch_is_supported("2.11.0+cu130"))
+        script = textwrap.dedent(
+            """
+            import warnings, torch
+            torch.__version__ = "2.10.0"  # pretend an unsupported release
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                import torch_cppwrap
+            from torch._inductor import codecache
+            print(torch_cppwrap.is_patched())
+            print(codecache.CppWrapperCodeCache.__module__)
+            print([str(w.message) for w in caught if "supports torch" in str(w.message)])
+            """
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        self.assertEqual(out[0], "False")
+        self.assertEqual(out[1], "torch._inductor.codecache")
+        self.assertIn("nothing was patched", out[2])
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
 import time
@@ -29,7 +30,9 @@ def _compile_seed(cpp_wrapper: bool, args: tuple[Any, ...]) -> tuple[Any, Any, f
     seconds = time.perf_counter() - start
     modules = _bench.new_compiled_modules(before)
     if len(modules) != 1:
-        raise RuntimeError(f"expected one compiled graph, Inductor loaded {len(modules)}")
+        raise RuntimeError(
+            f"expected one compiled graph, Inductor loaded {len(modules)}"
+        )
     return compiled, modules[0], seconds
 
 
@@ -63,7 +66,9 @@ def demo(ns: argparse.Namespace) -> int:
     with torch.no_grad():
         actual = ours(*args)
     ok, err = _bench.compare(actual, expected, rtol=1e-4, atol=1e-3)
-    print(f"result {actual.item():.6f}, eager {expected.item():.6f}: {'match' if ok else 'MISMATCH'} (max abs err {err:.2g})")
+    print(
+        f"result {actual.item():.6f}, eager {expected.item():.6f}: {'match' if ok else 'MISMATCH'} (max abs err {err:.2g})"
+    )
 
     progress("compiling the same function with Inductor's Python wrapper...")
     python, python_module, python_s = _compile_seed(False, args)
@@ -76,17 +81,27 @@ def demo(ns: argparse.Namespace) -> int:
         ("Python wrapper", python, python_module),
         ("torch_cppwrap", ours, ours_module),
     ):
-        e2e = _bench.time_per_call(lambda c=compiled: c(*args), repeats=budget.repeats, target_s=budget.target_s)
-        call = _bench.time_module_call(module, repeats=budget.repeats, target_s=budget.target_s, sync=lambda: None)
+        e2e = _bench.time_per_call(
+            functools.partial(compiled, *args),
+            repeats=budget.repeats,
+            target_s=budget.target_s,
+        )
+        call = _bench.time_module_call(
+            module, repeats=budget.repeats, target_s=budget.target_s, sync=lambda: None
+        )
         rows.append((label, e2e.min_us, call.min_us if call else None))
-    print(f"\n{'µs per call (fastest of ' + str(budget.repeats) + ' repeats)':<40} {'end to end':>12} {'call alone':>12}")
+    print(
+        f"\n{'µs per call (fastest of ' + str(budget.repeats) + ' repeats)':<40} {'end to end':>12} {'call alone':>12}"
+    )
     for label, e2e_us, call_us in rows:
         call_text = f"{call_us:12.2f}" if call_us is not None else f"{'-':>12}"
         print(f"{label:<40} {e2e_us:12.2f} {call_text}")
     (_, py_e2e, py_call), (_, our_e2e, our_call) = rows
     ratio_call = f"{our_call / py_call:12.2f}" if our_call and py_call else f"{'-':>12}"
     print(f"{'ratio torch_cppwrap / Python':<40} {our_e2e / py_e2e:12.2f} {ratio_call}")
-    print("\n`call alone` is the compiled module's call(list(args)); end to end adds torch.compile's guards and runtime wrappers.")
+    print(
+        "\n`call alone` is the compiled module's call(list(args)); end to end adds torch.compile's guards and runtime wrappers."
+    )
     return 0 if ok else 1
 
 
@@ -96,7 +111,9 @@ def patches(argv: Sequence[str]) -> int:
     except ModuleNotFoundError as e:
         if e.name != "torch_cppwrap._patches":
             raise
-        progress("error: `patches` needs torch_cppwrap._patches, which this install does not have yet")
+        progress(
+            "error: `patches` needs torch_cppwrap._patches, which this install does not have yet"
+        )
         return 2
     return module.main(list(argv))
 
@@ -106,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m torch_cppwrap",
         description="torch_cppwrap: TorchInductor's host wrapper as C++.",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,bench,patches}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="{demo,bench,patches}"
+    )
     commands.add_parser(
         "demo",
         help="compile (x + y).sum(), show the generated C++, and time it against the Python wrapper",
@@ -118,7 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
         "cache), times the calls, and writes OUT/bench.md, bench.json and bench.png.",
     )
     _bench.add_arguments(bench)
-    commands.add_parser("patches", help="torch_cppwrap._patches's command line (arguments pass through)", add_help=False)
+    commands.add_parser(
+        "patches",
+        help="torch_cppwrap._patches's command line (arguments pass through)",
+        add_help=False,
+    )
     return parser
 
 

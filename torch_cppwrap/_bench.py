@@ -17,13 +17,16 @@ from torch_cppwrap at module level.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import faulthandler
 import gc
 import json
 import os
 import platform
 import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -59,8 +62,15 @@ class Mode:
 MODES: dict[str, Mode] = {
     m.name: m
     for m in (
-        Mode("python", "Python wrapper", cpp_wrapper=False, imports_torch_cppwrap=False),
-        Mode("upstream", "upstream cpp_wrapper", cpp_wrapper=True, imports_torch_cppwrap=False),
+        Mode(
+            "python", "Python wrapper", cpp_wrapper=False, imports_torch_cppwrap=False
+        ),
+        Mode(
+            "upstream",
+            "upstream cpp_wrapper",
+            cpp_wrapper=True,
+            imports_torch_cppwrap=False,
+        ),
         Mode("cppwrap", "torch_cppwrap", cpp_wrapper=True, imports_torch_cppwrap=True),
         Mode(
             "reduce-overhead",
@@ -91,7 +101,10 @@ def _seed(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return (x + y).sum()
 
-    return fn, (torch.randn(128, 128, device=device), torch.randn(128, 128, device=device))
+    return fn, (
+        torch.randn(128, 128, device=device),
+        torch.randn(128, 128, device=device),
+    )
 
 
 def _mlp(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -115,6 +128,10 @@ def _transformer(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     import torch
     from torch import nn
 
+    # Eval + no_grad would otherwise take the fused fast path: one
+    # aten._transformer_encoder_layer_fwd call, leaving Inductor nothing to
+    # compile but that extern kernel.
+    torch.backends.mha.set_fastpath_enabled(False)
     layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, batch_first=True)
     return layer.to(device).eval(), (torch.randn(8, 64, 256, device=device),)
 
@@ -143,15 +160,21 @@ WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
         Workload("seed", "(x + y).sum(), 128x128 float", _seed, rtol=1e-4, atol=1e-3),
-        Workload("mlp", "8 x (Linear 256->256, GELU, residual, LayerNorm), batch 32", _mlp),
+        Workload(
+            "mlp", "8 x (Linear 256->256, GELU, residual, LayerNorm), batch 32", _mlp
+        ),
         Workload(
             "transformer",
-            "TransformerEncoderLayer(d_model=256, nhead=4), batch 8, seq 64",
+            "TransformerEncoderLayer(d_model=256, nhead=4), batch 8, seq 64, MHA fast path off",
             _transformer,
             rtol=1e-3,
             atol=1e-3,
         ),
-        Workload("convnet", "3 x (Conv2d, ReLU) + pooling + Linear, batch 8, 3x32x32", _convnet),
+        Workload(
+            "convnet",
+            "3 x (Conv2d, ReLU) + pooling + Linear, batch 8, 3x32x32",
+            _convnet,
+        ),
     )
 }
 
@@ -208,7 +231,9 @@ def new_compiled_modules(before: int) -> list[Any]:
     entries (one per compiled graph, on a cache miss or hit alike)."""
     from torch._inductor.codecache import PyCodeCache
 
-    return [m for m in PyCodeCache.modules[before:] if callable(getattr(m, "call", None))]
+    return [
+        m for m in PyCodeCache.modules[before:] if callable(getattr(m, "call", None))
+    ]
 
 
 def loaded_module_count() -> int:
@@ -229,7 +254,9 @@ def wrapper_kind(module: Any) -> str:
     return "python"
 
 
-def time_module_call(module: Any, *, repeats: int, target_s: float, sync: Callable[[], None]) -> Timing | None:
+def time_module_call(
+    module: Any, *, repeats: int, target_s: float, sync: Callable[[], None]
+) -> Timing | None:
     """Times `module.call` alone on the module's own `get_args()` inputs
     (random values, the graph's shapes and strides).  `call` clears the list
     it gets, so each call gets a fresh one; that list copy is in the time."""
@@ -248,7 +275,9 @@ def time_module_call(module: Any, *, repeats: int, target_s: float, sync: Callab
         module.torch = torch
         args = get_args()
     call = module.call
-    return time_per_call(lambda: call(list(args)), repeats=repeats, target_s=target_s, sync=sync)
+    return time_per_call(
+        lambda: call(list(args)), repeats=repeats, target_s=target_s, sync=sync
+    )
 
 
 class PeakMemory:
@@ -277,7 +306,9 @@ class PeakMemory:
             self.source = "peak RSS (VmHWM)"
         except OSError:
             self.base = _maxrss_mb()
-            self.source = "peak RSS (getrusage maxrss; a peak before the reset hides in it)"
+            self.source = (
+                "peak RSS (getrusage maxrss; a peak before the reset hides in it)"
+            )
 
     def peak_mb(self) -> float:
         if self.device == "cuda":
@@ -321,7 +352,9 @@ def device_sync(device: str) -> Callable[[], None]:
     return lambda: None
 
 
-def compare(actual: Any, expected: Any, *, rtol: float, atol: float) -> tuple[bool, float]:
+def compare(
+    actual: Any, expected: Any, *, rtol: float, atol: float
+) -> tuple[bool, float]:
     """(allclose for every tensor, max absolute error) over nested outputs."""
     import torch
     import torch.utils._pytree as pytree
@@ -330,7 +363,7 @@ def compare(actual: Any, expected: Any, *, rtol: float, atol: float) -> tuple[bo
     if len(got) != len(want):
         return False, float("inf")
     ok, max_err = True, 0.0
-    for a, e in zip(got, want):
+    for a, e in zip(got, want, strict=True):
         if not isinstance(e, torch.Tensor):
             ok = ok and a == e
             continue
@@ -360,19 +393,28 @@ FULL = Budget(repeats=7, target_s=0.2)
 QUICK = Budget(repeats=3, target_s=0.05)
 
 
-def run_worker(workload: str, mode_name: str, phase: str, device: str, quick: bool) -> dict[str, Any]:
+def run_worker(
+    workload: str, mode_name: str, phase: str, device: str, quick: bool
+) -> dict[str, Any]:
     """Compiles `workload` in `mode`; the `warm` phase also times it.  The
     caller sets TORCHINDUCTOR_CACHE_DIR."""
     mode, spec = MODES[mode_name], WORKLOADS[workload]
     budget = QUICK if quick else FULL
-    result: dict[str, Any] = {"workload": workload, "mode": mode_name, "phase": phase, "device": device}
+    result: dict[str, Any] = {
+        "workload": workload,
+        "mode": mode_name,
+        "phase": phase,
+        "device": device,
+    }
 
     if mode.imports_torch_cppwrap:
         import torch_cppwrap
 
         result["torch_cppwrap_patched"] = torch_cppwrap.is_patched()
     elif "torch_cppwrap" in sys.modules:
-        raise RuntimeError(f"mode {mode_name!r} must run without torch_cppwrap, but it is imported")
+        raise RuntimeError(
+            f"mode {mode_name!r} must run without torch_cppwrap, but it is imported"
+        )
     result["torch_cppwrap_imported"] = "torch_cppwrap" in sys.modules
 
     import torch
@@ -402,9 +444,13 @@ def run_worker(workload: str, mode_name: str, phase: str, device: str, quick: bo
     sync()
     result["compile_s"] = time.perf_counter() - start
     result["fx_cache_hit"] = counters["inductor"]["fxgraph_cache_hit"]
-    result["fx_cache_miss"] = counters["inductor"]["fxgraph_cache_miss"]
+    result["fx_cache_counters"] = {
+        k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph")
+    }
     result["compile_mem_peak_mb"] = memory.peak_mb()
-    result["ok"], result["max_abs_err"] = compare(actual, expected, rtol=spec.rtol, atol=spec.atol)
+    result["ok"], result["max_abs_err"] = compare(
+        actual, expected, rtol=spec.rtol, atol=spec.atol
+    )
 
     modules = new_compiled_modules(before)
     result["graphs"] = len(modules)
@@ -412,10 +458,15 @@ def run_worker(workload: str, mode_name: str, phase: str, device: str, quick: bo
 
     if phase == "warm":
         stop_compile_workers()
-        result["loadavg_before_timing"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        result["loadavg_before_timing"] = (
+            os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        )
         with torch.no_grad():
             e2e = time_per_call(
-                lambda: compiled(*args), repeats=budget.repeats, target_s=budget.target_s, sync=sync
+                lambda: compiled(*args),
+                repeats=budget.repeats,
+                target_s=budget.target_s,
+                sync=sync,
             )
             result["e2e_us_median"], result["e2e_us"] = e2e.median_us, e2e.min_us
             # CUDA graphs replay the whole graph; its module's `call` alone is
@@ -423,18 +474,22 @@ def run_worker(workload: str, mode_name: str, phase: str, device: str, quick: bo
             calls = [
                 None
                 if mode.compile_mode == "reduce-overhead"
-                else time_module_call(m, repeats=budget.repeats, target_s=budget.target_s, sync=sync)
+                else time_module_call(
+                    m, repeats=budget.repeats, target_s=budget.target_s, sync=sync
+                )
                 for m in modules
             ]
-        if calls and all(c is not None for c in calls):
-            result["call_us_median"] = sum(c.median_us for c in calls)  # type: ignore[union-attr]
-            result["call_us"] = sum(c.min_us for c in calls)  # type: ignore[union-attr]
+        timed = [c for c in calls if c is not None]
+        if timed and len(timed) == len(calls):
+            result["call_us_median"] = sum(c.median_us for c in timed)
+            result["call_us"] = sum(c.min_us for c in timed)
         result["mem_peak_mb"] = memory.peak_mb()
         result["mem_source"] = memory.source
     return result
 
 
 def _worker_main(argv: Sequence[str]) -> int:
+    faulthandler.enable()  # a crash in compiled code still leaves a traceback
     parser = argparse.ArgumentParser(prog="torch_cppwrap._bench --worker")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
@@ -463,9 +518,20 @@ def _worker_main(argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------
 
 
-def worker_command(workload: str, mode: str, phase: str, device: str, quick: bool) -> list[str]:
+def worker_command(
+    workload: str, mode: str, phase: str, device: str, quick: bool
+) -> list[str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"]
-    cmd += ["--workload", workload, "--mode", mode, "--phase", phase, "--device", device]
+    cmd += [
+        "--workload",
+        workload,
+        "--mode",
+        mode,
+        "--phase",
+        phase,
+        "--device",
+        device,
+    ]
     return [*cmd, "--quick"] if quick else cmd
 
 
@@ -480,24 +546,34 @@ def spawn_worker(
     timeout_s: float,
     threads: int | None = None,
 ) -> dict[str, Any]:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHINDUCTOR_FX_GRAPH_CACHE="1")
+    env = dict(
+        os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHINDUCTOR_FX_GRAPH_CACHE="1"
+    )
     # A worker runs as a file, so Python does not see the package it lives in;
     # point it at this copy of torch_cppwrap (used by the cppwrap mode only).
     package_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_root, env.get("PYTHONPATH"))))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, (package_root, env.get("PYTHONPATH")))
+    )
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     cmd = worker_command(workload, mode, phase, device, quick)
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=timeout_s
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s", "command": " ".join(cmd)}
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_MARKER):
             return json.loads(line[len(RESULT_MARKER) :])
     tail = (proc.stdout + proc.stderr)[-3000:]
+    status = str(proc.returncode)
+    if proc.returncode < 0:
+        with contextlib.suppress(ValueError):
+            status += f" ({signal.Signals(-proc.returncode).name})"
     return {
-        "error": f"worker exited with status {proc.returncode} and printed no result",
+        "error": f"worker exited with status {status} and printed no result (its output is in bench.json)",
         "output_tail": tail,
         "command": " ".join(cmd),
     }
@@ -512,22 +588,41 @@ def prepare_torch_cppwrap() -> None:
     except ImportError as e:  # pragma: no cover - broken install
         progress(f"note: could not prepare torch_cppwrap's runtime ({e})")
         return
-    for name, method in (("RuntimeExtension", "load"), ("PrecompiledPrefix", "directory")):
+    for name, method in (
+        ("RuntimeExtension", "load"),
+        ("PrecompiledPrefix", "directory"),
+    ):
         builder = getattr(getattr(codecache, name, None), method, None)
         if builder is not None:
             builder()
 
 
-def _merge(workload: str, mode: str, cold: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+def _merge(
+    workload: str, mode: str, cold: dict[str, Any], warm: dict[str, Any]
+) -> dict[str, Any]:
     record: dict[str, Any] = {"workload": workload, "mode": mode}
-    errors = [f"{phase}: {r['error']}" for phase, r in (("cold", cold), ("warm", warm)) if "error" in r]
+    errors = [
+        f"{phase}: {r['error'].strip().splitlines()[0]}"
+        for phase, r in (("cold", cold), ("warm", warm))
+        if "error" in r
+    ]
     record["error"] = "; ".join(errors) or None
     record["ok"] = None if errors else bool(cold.get("ok") and warm.get("ok"))
     record["cold_compile_s"] = cold.get("compile_s")
     record["warm_compile_s"] = warm.get("compile_s")
-    for key in ("e2e_us", "e2e_us_median", "call_us", "call_us_median", "mem_peak_mb", "graphs", "wrappers"):
+    for key in (
+        "e2e_us",
+        "e2e_us_median",
+        "call_us",
+        "call_us_median",
+        "mem_peak_mb",
+        "graphs",
+        "wrappers",
+    ):
         record[key] = warm.get(key)
-    record["max_abs_err"] = max(cold.get("max_abs_err") or 0.0, warm.get("max_abs_err") or 0.0)
+    record["max_abs_err"] = max(
+        cold.get("max_abs_err") or 0.0, warm.get("max_abs_err") or 0.0
+    )
     record["warm_fx_cache_hit"] = bool(warm.get("fx_cache_hit"))
     record["cold"], record["warm"] = cold, warm
     return record
@@ -555,7 +650,9 @@ def run_bench(
                 phases = {}
                 for phase in ("cold", "warm"):
                     step += 1
-                    what = "cold compile" if phase == "cold" else "warm compile + timing"
+                    what = (
+                        "cold compile" if phase == "cold" else "warm compile + timing"
+                    )
                     progress(f"[{step}/{steps}] {workload} / {mode}: {what}...")
                     r = spawn_worker(
                         workload,
@@ -582,7 +679,10 @@ def run_bench(
 def _summary(r: dict[str, Any]) -> str:
     if "error" in r:
         return "FAILED: " + r["error"].splitlines()[0][:300]
-    parts = [f"compile {r['compile_s']:.2f} s", "matches eager" if r["ok"] else "MISMATCH vs eager"]
+    parts = [
+        f"compile {r['compile_s']:.2f} s",
+        "matches eager" if r["ok"] else "MISMATCH vs eager",
+    ]
     if r.get("e2e_us") is not None:
         parts.append(f"e2e {r['e2e_us']:.1f} us")
     if r.get("call_us") is not None:
@@ -606,10 +706,19 @@ def _meta(
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": device,
-        "device_name": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine(),
+        "device_name": torch.cuda.get_device_name()
+        if device == "cuda"
+        else platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         # what the workers ran with (OMP_NUM_THREADS / --threads)
-        "torch_threads": next((r["warm"].get("torch_threads") for r in records if "torch_threads" in r["warm"]), None),
+        "torch_threads": next(
+            (
+                r["warm"].get("torch_threads")
+                for r in records
+                if "torch_threads" in r["warm"]
+            ),
+            None,
+        ),
         "quick": quick,
         "repeats": budget.repeats,
         "repeat_target_s": budget.target_s,
@@ -617,7 +726,8 @@ def _meta(
         "modes": {m: MODES[m].label for m in modes},
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "max_loadavg_before_timing": max(
-            (r["warm"].get("loadavg_before_timing") or 0.0 for r in records), default=None
+            (r["warm"].get("loadavg_before_timing") or 0.0 for r in records),
+            default=None,
         ),
     }
 
@@ -683,8 +793,17 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_fmt(r['warm_compile_s'], 2)} | {_fmt(r['e2e_us'])} | {_fmt(r['call_us'])} "
             f"| {_fmt(r['mem_peak_mb'])} |"
         )
-    if report["ratios"]:
-        header = " | ".join(f"{label} ours/{base}" for base in ("python", "upstream") for _, label in RATIO_METRICS)
+    if any(
+        v is not None
+        for row in report["ratios"]
+        for k, v in row.items()
+        if k != "workload"
+    ):
+        header = " | ".join(
+            f"{label} ours/{base}"
+            for base in ("python", "upstream")
+            for _, label in RATIO_METRICS
+        )
         lines += [
             "",
             "Ratios, torch_cppwrap / other (below 1: torch_cppwrap is faster):",
@@ -694,7 +813,9 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         for row in report["ratios"]:
             cells = " | ".join(
-                _fmt(row[f"{metric}/{base}"], 2) for base in ("python", "upstream") for metric, _ in RATIO_METRICS
+                _fmt(row[f"{metric}/{base}"], 2)
+                for base in ("python", "upstream")
+                for metric, _ in RATIO_METRICS
             )
             lines.append(f"| {row['workload']} | {cells} |")
     lines += [
@@ -714,18 +835,33 @@ def markdown(report: dict[str, Any]) -> str:
     if load and meta["cpu_count"] and load > meta["cpu_count"]:
         lines.append(
             f"- the machine was busy (1-minute load average up to {load:.1f} on "
-            f"{meta['cpu_count']} CPUs before timing): expect noisy times."
+            f"{meta['cpu_count']} CPUs before timing): expect noisy times"
+            + (
+                "; `--threads 1` steadies them."
+                if (meta["torch_threads"] or 1) > 1
+                else "."
+            )
         )
-    failures = [r for r in records if r["error"] or r["ok"] is False or (r["error"] is None and not r["warm_fx_cache_hit"])]
+    failures = [
+        r
+        for r in records
+        if r["error"]
+        or r["ok"] is False
+        or (r["error"] is None and not r["warm_fx_cache_hit"])
+    ]
     if failures:
         lines += ["", "## Problems", ""]
         for r in failures:
             if r["error"]:
-                lines.append(f"- {r['workload']} / {r['mode']}: {r['error'].splitlines()[0]}")
+                lines.append(f"- {r['workload']} / {r['mode']}: {r['error']}")
             elif r["ok"] is False:
-                lines.append(f"- {r['workload']} / {r['mode']}: output differs from eager (max abs err {r['max_abs_err']:.3g})")
+                lines.append(
+                    f"- {r['workload']} / {r['mode']}: output differs from eager (max abs err {r['max_abs_err']:.3g})"
+                )
             else:
-                lines.append(f"- {r['workload']} / {r['mode']}: the warm compile did not hit the FX graph cache")
+                lines.append(
+                    f"- {r['workload']} / {r['mode']}: the warm compile did not hit the FX graph cache"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -737,7 +873,9 @@ def plot(report: dict[str, Any], path: Path) -> bool:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        progress("note: matplotlib is not installed, so no plot was written (pip install matplotlib)")
+        progress(
+            "note: matplotlib is not installed, so no plot was written (pip install matplotlib)"
+        )
         return False
     records = report["results"]
     workloads = list(dict.fromkeys(r["workload"] for r in records))
@@ -751,11 +889,22 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     ]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     width = 0.8 / max(len(modes), 1)
-    for ax, (metric, title, log) in zip(axes.flat, metrics):
+    for ax, (metric, title, log) in zip(axes.flat, metrics, strict=True):
         for i, mode in enumerate(modes):
-            values = [by_key.get((w, mode), {}).get(metric) or 0.0 for w in workloads]
+            values = [by_key.get((w, mode), {}).get(metric) for w in workloads]
             xs = [x + (i - (len(modes) - 1) / 2) * width for x in range(len(workloads))]
-            ax.bar(xs, values, width, label=mode)
+            bars = ax.bar(xs, [v or 0.0 for v in values], width, label=mode)
+            for bar, value in zip(bars, values, strict=True):
+                if value is None:  # failed, or not measured in this mode
+                    ax.annotate(
+                        "n/a",
+                        (bar.get_x() + width / 2, 0),
+                        xycoords=("data", "axes fraction"),
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                        rotation=90,
+                    )
         ax.set_title(title)
         ax.set_xticks(range(len(workloads)), workloads)
         if log:
@@ -791,7 +940,10 @@ def _csv(text: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--workloads", type=_csv, default=list(WORKLOADS), help=f"comma-separated, from {','.join(WORKLOADS)}"
+        "--workloads",
+        type=_csv,
+        default=list(WORKLOADS),
+        help=f"comma-separated, from {','.join(WORKLOADS)}",
     )
     parser.add_argument(
         "--modes",
@@ -801,16 +953,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "plus reduce-overhead on cuda)",
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--out", type=Path, default=Path("bench_results"), help="default: ./bench_results")
-    parser.add_argument("--quick", action="store_true", help="fewer, shorter timing repeats")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per worker process")
     parser.add_argument(
-        "--threads", type=int, default=None, help="OMP_NUM_THREADS for the workers (default: torch's choice)"
+        "--out",
+        type=Path,
+        default=Path("bench_results"),
+        help="default: ./bench_results",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer, shorter timing repeats"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds per worker process"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS for the workers (default: torch's choice)",
     )
 
 
 def run_from_args(ns: argparse.Namespace) -> int:
-    unknown = [w for w in ns.workloads if w not in WORKLOADS] + [m for m in ns.modes or () if m not in MODES]
+    unknown = [w for w in ns.workloads if w not in WORKLOADS] + [
+        m for m in ns.modes or () if m not in MODES
+    ]
     if unknown:
         progress(f"error: unknown workload or mode: {', '.join(unknown)}")
         return 2
@@ -820,14 +986,22 @@ def run_from_args(ns: argparse.Namespace) -> int:
         if not torch.cuda.is_available():
             progress("error: --device cuda, but CUDA is not available")
             return 2
-    modes = ns.modes or [*DEFAULT_MODES, *(["reduce-overhead"] if ns.device == "cuda" else [])]
+    modes = ns.modes or [
+        *DEFAULT_MODES,
+        *(["reduce-overhead"] if ns.device == "cuda" else []),
+    ]
     skipped = [m for m in modes if MODES[m].cuda_only and ns.device != "cuda"]
     if skipped:
         progress(f"note: skipping {', '.join(skipped)} (CUDA only) on {ns.device}")
     modes = [m for m in modes if m not in skipped]
     started = time.perf_counter()
     report = run_bench(
-        ns.workloads, modes, device=ns.device, quick=ns.quick, timeout_s=ns.timeout, threads=ns.threads
+        ns.workloads,
+        modes,
+        device=ns.device,
+        quick=ns.quick,
+        timeout_s=ns.timeout,
+        threads=ns.threads,
     )
     report["meta"]["total_s"] = time.perf_counter() - started
     print(write_report(report, ns.out))

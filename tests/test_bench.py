@@ -1,0 +1,118 @@
+"""The command line and the benchmark's worker and report."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+
+from torch._inductor.test_case import TestCase, run_tests
+
+from torch_cppwrap import _bench
+
+METRICS = ("compile_s", "e2e_us", "call_us", "mem_peak_mb", "ok", "max_abs_err")
+
+
+class TestCommandLine(TestCase):
+    def test_help_lists_subcommands(self) -> None:
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch_cppwrap", "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        for command in ("demo", "bench", "patches"):
+            self.assertIn(command, proc.stdout)
+
+    def test_worker_file_does_not_import_torch_cppwrap(self) -> None:
+        # The python and upstream modes run this file as a script; loading it
+        # must leave Inductor unpatched.
+        code = (
+            "import runpy, sys; runpy.run_path(sys.argv[1], run_name='bench'); "
+            "print('torch_cppwrap' in sys.modules)"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code, _bench.__file__],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(proc.stdout.strip(), "False")
+
+
+class TestBenchWorker(TestCase):
+    def test_seed_cppwrap_quick(self) -> None:
+        with tempfile.TemporaryDirectory() as cache_dir:
+            result = _bench.spawn_worker(
+                "seed",
+                "cppwrap",
+                "warm",
+                device="cpu",
+                quick=True,
+                cache_dir=cache_dir,
+                timeout_s=300,
+            )
+        self.assertNotIn(
+            "error", result, result.get("traceback") or result.get("output_tail")
+        )
+        for key in METRICS:
+            self.assertIsNotNone(result.get(key), key)
+        self.assertIs(result["ok"], True)
+        self.assertIs(result["torch_cppwrap_patched"], True)
+        self.assertEqual(result["wrappers"], ["torch_cppwrap"])
+        self.assertEqual(result["graphs"], 1)
+        self.assertGreater(result["e2e_us"], 0)
+        self.assertGreater(result["call_us"], 0)
+
+
+class TestReport(TestCase):
+    def _record(self, mode: str, scale: float) -> dict:
+        return {
+            "workload": "seed",
+            "mode": mode,
+            "error": None,
+            "ok": True,
+            "cold_compile_s": 10 * scale,
+            "warm_compile_s": 2 * scale,
+            "e2e_us": 100 * scale,
+            "e2e_us_median": 110 * scale,
+            "call_us": 10 * scale,
+            "call_us_median": 11 * scale,
+            "mem_peak_mb": 40.0,
+            "max_abs_err": 0.0,
+            "warm_fx_cache_hit": True,
+            "warm": {},
+        }
+
+    def test_ratios_and_markdown(self) -> None:
+        records = [
+            self._record("python", 2.0),
+            self._record("upstream", 4.0),
+            self._record("cppwrap", 1.0),
+        ]
+        (row,) = _bench.ratios(records)
+        self.assertAlmostEqual(row["call_us/python"], 0.5)
+        self.assertAlmostEqual(row["e2e_us/upstream"], 0.25)
+        self.assertAlmostEqual(row["cold_compile_s/python"], 0.5)
+        self.assertAlmostEqual(row["warm_compile_s/upstream"], 0.25)
+        report = {
+            "meta": _bench._meta(
+                "cpu", True, ["seed"], ["python", "upstream", "cppwrap"], records
+            ),
+            "results": records,
+            "ratios": [row],
+        }
+        text = _bench.markdown(report)
+        self.assertIn(
+            "| seed | cppwrap | yes | 10.00 | 2.00 | 100.0 | 10.0 | 40.0 |", text
+        )
+        self.assertIn(
+            "| seed | 0.50 | 0.50 | 0.50 | 0.50 | 0.25 | 0.25 | 0.25 | 0.25 |", text
+        )
+        self.assertNotIn("## Problems", text)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -48,8 +48,11 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from torch_cppwrap import _compat
+
+_Node = TypeVar("_Node", bound=ast.AST)
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 DEFAULT_PATCHES_DIR = PACKAGE_ROOT.parent / "patches"
@@ -369,7 +372,7 @@ def _resolve(path: str, module: str | None, level: int) -> str:
     return ".".join([*base, *([module] if module else [])])
 
 
-def _only(items: list[ast.AST], what: str) -> ast.AST:
+def _only(items: list[_Node], what: str) -> _Node:
     if len(items) != 1:
         raise PatchError(f"expected exactly one {what}, found {len(items)}")
     return items[0]
@@ -381,9 +384,7 @@ def _function(module: ast.Module, name: str, path: str) -> ast.FunctionDef:
         for node in ast.walk(module)
         if isinstance(node, ast.FunctionDef) and node.name == name
     ]
-    node = _only(list(found), f"function {name} in {path}")
-    assert isinstance(node, ast.FunctionDef)
-    return node
+    return _only(found, f"function {name} in {path}")
 
 
 def move_upstream_wrappers(tree: Tree, ours: set[str]) -> None:
@@ -480,7 +481,7 @@ def _register_in_common(tree: Tree) -> None:
         and [a.name for a in node.names] == ["CppWrapperCpu"]
     ]
     node = _only(
-        list(imports), f"import of CppWrapperCpu in {COMMON}:init_backend_registration"
+        imports, f"import of CppWrapperCpu in {COMMON}:init_backend_registration"
     )
     lines[node.lineno - 1] = lines[node.lineno - 1].replace(
         "from .cpp_wrapper_cpu_aoti import", "from .cpp_wrapper_cpu import", 1
@@ -540,8 +541,7 @@ def _pass_aot_mode_from_graph(tree: Tree) -> None:
         and isinstance(node.func, ast.Name)
         and node.func.id == "get_wrapper_codegen_for_device"
     ]
-    call = _only(list(calls), f"call of get_wrapper_codegen_for_device in {GRAPH}")
-    assert isinstance(call, ast.Call)
+    call = _only(calls, f"call of get_wrapper_codegen_for_device in {GRAPH}")
     if call.keywords:
         raise PatchError(f"{GRAPH}:{call.lineno}: the call already passes keywords")
     last = call.args[-1]
@@ -565,7 +565,7 @@ def _accept_both_wrappers_in_ir(tree: Tree) -> None:
         if isinstance(node, ast.ImportFrom)
         and node.module == "codegen.cpp_wrapper_cpu_aoti"
     ]
-    node = _only(list(imports), f"import in {IR}:try_get_kernel_name")
+    node = _only(imports, f"import in {IR}:try_get_kernel_name")
     indent = re.match(r"\s*", lines[node.lineno - 1])
     assert indent is not None
     pad = indent.group(0)

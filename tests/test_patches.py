@@ -1,0 +1,309 @@
+"""The upstream patch series (patches/torch-<X.Y>/): it is current, it applies,
+and the torch it produces compiles with our C++ wrapper on its own, without
+torch_cppwrap imported."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from torch._inductor.test_case import TestCase, run_tests
+from torch.testing._internal.common_utils import slowTest
+
+from torch_cppwrap import _patches
+
+SITE_PACKAGES = _patches.installed_site_packages()
+TORCH_VERSION = _patches.torch_version_of(SITE_PACKAGES)
+SERIES = _patches.DEFAULT_PATCHES_DIR / _patches.series_dir_name(TORCH_VERSION)
+
+# Runs under the patched torch.  Prints one JSON line: what the tests assert.
+PATCHED_TORCH_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import sys
+    from unittest import mock
+
+    import torch
+    from torch._inductor import config
+    from torch._inductor.codegen import common
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    from torch._inductor.codegen.cpp_wrapper_cpu_aoti import (
+        CppWrapperCpu as AotiCppWrapperCpu,
+    )
+    from torch._inductor.utils import run_and_get_code
+
+    common.init_backend_registration()
+    report = {
+        "torch_file": torch.__file__,
+        "wrapper_file": sys.modules[CppWrapperCpu.__module__].__file__,
+        "jit_is_ours": common.get_wrapper_codegen_for_device("cpu", True)
+        is CppWrapperCpu,
+        "aot_keeps_upstream": common.get_wrapper_codegen_for_device(
+            "cpu", True, aot_mode=True
+        )
+        is AotiCppWrapperCpu,
+        "cases": {},
+    }
+
+    torch.manual_seed(0)
+    cases = {
+        "seed": (lambda x, y: (x + y).sum(), torch.randn(128, 128), torch.randn(128, 128)),
+        "mm": (lambda a, b: a @ b, torch.randn(64, 32), torch.randn(32, 16)),
+        "pointwise": (lambda x: torch.relu(x) * 2 + x.sin(), torch.randn(8, 33)),
+    }
+    for name, (fn, *args) in cases.items():
+        torch._dynamo.reset()
+        with config.patch(cpp_wrapper=True), mock.patch.object(
+            CppWrapperCpu, "create", wraps=CppWrapperCpu.create
+        ) as create:
+            actual, codes = run_and_get_code(torch.compile(fn), *args)
+        torch.testing.assert_close(actual, fn(*args), rtol=1e-4, atol=1e-4)
+        report["cases"][name] = {"wrappers_made": create.call_count, "code": codes[0]}
+
+    report["torch_cppwrap_imported"] = any(
+        m == "torch_cppwrap" or m.startswith("torch_cppwrap.") for m in sys.modules
+    )
+    print(json.dumps(report))
+    """
+)
+
+
+# AOTInductor under the patched torch: it must keep upstream's C-shim wrapper.
+AOT_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import os
+    import sys
+    import tempfile
+    from unittest import mock
+
+    import torch
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    from torch._inductor.codegen.cpp_wrapper_cpu_aoti import (
+        CppWrapperCpu as AotiCppWrapperCpu,
+    )
+
+
+    class Model(torch.nn.Module):
+        def forward(self, x, y):
+            return (x @ y).relu() + 1
+
+
+    model, args = Model(), (torch.randn(8, 8), torch.randn(8, 8))
+    with mock.patch.object(
+        CppWrapperCpu, "create", wraps=CppWrapperCpu.create
+    ) as ours, mock.patch.object(
+        AotiCppWrapperCpu, "create", wraps=AotiCppWrapperCpu.create
+    ) as upstream:
+        path = torch._inductor.aoti_compile_and_package(
+            torch.export.export(model, args),
+            package_path=os.path.join(tempfile.mkdtemp(), "model.pt2"),
+        )
+    runner = torch._inductor.aoti_load_package(path)
+    torch.testing.assert_close(runner(*args), model(*args))
+    print(json.dumps({
+        "ours_made": ours.call_count,
+        "upstream_made": upstream.call_count,
+        "torch_cppwrap_imported": "torch_cppwrap" in sys.modules,
+    }))
+    """
+)
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("TORCH_CPPWRAP_CACHE_DIR")
+    if root is None:
+        xdg = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+        root = os.path.join(xdg, "torch_cppwrap")
+    return Path(root)
+
+
+def patched_torch() -> Path:
+    """A directory whose torch/ is the installed torch with the committed series
+    applied: symlinks to the installed files, real copies of the patched
+    ones (well under a second to build).
+
+    Its path is fixed per torch version, and the tree is rebuilt only when the
+    series changes: the runtime extension and the precompiled cpp_prefix.h
+    are cached under keys that include their compile commands, which name
+    this path, so a new temporary directory per run would rebuild both
+    (about two minutes on two cores).
+    """
+    from filelock import FileLock
+
+    digest = hashlib.sha256(str(SITE_PACKAGES).encode())
+    for name in ["series", *_patches.read_series(SERIES)]:
+        digest.update((SERIES / name).read_bytes())
+    parent = _cache_root() / "patched-torch"
+    root, stamp = parent / TORCH_VERSION, parent / f"{TORCH_VERSION}.series"
+    parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(parent / f"{TORCH_VERSION}.lock"), timeout=600):
+        if (
+            root.is_dir()
+            and stamp.is_file()
+            and stamp.read_text() == digest.hexdigest()
+        ):
+            return root
+        stamp.unlink(missing_ok=True)
+        shutil.rmtree(root, ignore_errors=True)
+        _patches.make_patched_torch(SERIES, SITE_PACKAGES, root)
+        stamp.write_text(digest.hexdigest())
+    return root
+
+
+class TestPatchSeries(TestCase):
+    def test_check_passes_on_the_committed_series(self) -> None:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = _patches.main(["check"])
+        self.assertEqual(status, 0, err.getvalue())
+        self.assertIn("is current and applies cleanly", out.getvalue())
+
+    def test_series_lists_numbered_patches(self) -> None:
+        names = _patches.read_series(SERIES)
+        self.assertGreaterEqual(len(names), 2)
+        for index, name in enumerate(names, start=1):
+            self.assertTrue(
+                name.startswith(f"{index:04d}-") and name.endswith(".patch")
+            )
+            text = (SERIES / name).read_text()
+            self.assertIn(f"Subject: [PATCH {index}/{len(names)}] inductor: ", text)
+            self.assertIn("diff --git a/torch/", text)
+
+    def test_applying_leaves_the_installed_torch_alone(self) -> None:
+        common = SITE_PACKAGES / "torch/_inductor/codegen/common.py"
+        before = common.read_bytes()
+        with tempfile.TemporaryDirectory() as tmp:
+            started = time.perf_counter()
+            tree = _patches.make_patched_torch(SERIES, SITE_PACKAGES, Path(tmp) / "t")
+            elapsed = time.perf_counter() - started
+            patched = tree / "torch/_inductor/codegen/common.py"
+            self.assertFalse(patched.is_symlink())
+            self.assertIn("aot_mode: bool = False", patched.read_text())
+            self.assertTrue(
+                (tree / "torch/_inductor/codegen/cpp_wrapper_cpu_aoti.py").is_file()
+            )
+        self.assertEqual(common.read_bytes(), before)
+        # Symlinks, not a copy of torch: quick enough to build per test.
+        self.assertLess(elapsed, 30.0)
+
+
+class TestRewriteReferences(TestCase):
+    NAMES = {
+        "torch_cppwrap._inductor": "torch._inductor",
+        "torch_cppwrap._inductor.codegen": "torch._inductor.codegen",
+        "torch_cppwrap._inductor.codecache": "torch._inductor.cppwrap_codecache",
+        "torch_cppwrap._compat": "torch._inductor.cppwrap_compat",
+        "torch_cppwrap._C": "torch._inductor.runtime._C",
+    }
+
+    def rewrite(self, text: str) -> str:
+        return _patches.rewrite_references(text, self.NAMES, "test.py")
+
+    def test_imports_follow_each_module(self) -> None:
+        self.assertEqual(
+            self.rewrite("from torch_cppwrap import _compat\n"),
+            "from torch._inductor import cppwrap_compat as _compat\n",
+        )
+        self.assertEqual(
+            self.rewrite("from torch_cppwrap._inductor import codecache, codegen\n"),
+            "from torch._inductor import cppwrap_codecache as codecache, codegen\n",
+        )
+        self.assertEqual(
+            self.rewrite("    from torch_cppwrap._inductor.codecache import X\n"),
+            "    from torch._inductor.cppwrap_codecache import X\n",
+        )
+
+    def test_names_in_strings_and_code(self) -> None:
+        self.assertEqual(
+            self.rewrite('#define CAPSULE "torch_cppwrap._C._api"\n'),
+            '#define CAPSULE "torch._inductor.runtime._C._api"\n',
+        )
+        # Inside a function, the import must not make `torch` a local name.
+        self.assertEqual(
+            self.rewrite(
+                "def f(m):\n    import torch_cppwrap\n\n    torch_cppwrap._C = m\n"
+            ),
+            "def f(m):\n    import torch._inductor.runtime as _runtime  # noqa: F401\n\n"
+            "    torch._inductor.runtime._C = m\n",
+        )
+
+    def test_prose_is_left_alone(self) -> None:
+        text = '"torch_cppwrap: not supported"  # generated by torch_cppwrap.\n'
+        self.assertEqual(self.rewrite(text), text)
+
+    def test_unmapped_module_is_an_error(self) -> None:
+        with self.assertRaisesRegex(_patches.PatchError, "torch_cppwrap._patching"):
+            self.rewrite("from torch_cppwrap import _patching\n")
+
+
+class TestPatchedTorch(TestCase):
+    """The seed example and friends under the patched torch, in a subprocess
+    that never imports torch_cppwrap."""
+
+    def run_patched(self, script: str) -> dict[str, Any]:
+        """Runs `script` with the patched torch first on sys.path and a fresh
+        Inductor cache; returns the JSON its last line of output holds."""
+        root = patched_torch()
+        with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache:
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+                ),
+                # Leaves the installed torch's __pycache__ alone.
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "TORCHINDUCTOR_CACHE_DIR": cache,
+            }
+            env.pop("TORCH_LOGS", None)
+            proc = subprocess.run(
+                [sys.executable, "-c", script],
+                cwd=cache,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+        self.assertEqual(proc.returncode, 0, proc.stderr[-6000:])
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def test_compiles_with_the_patched_codegen(self) -> None:
+        root = patched_torch()
+        report = self.run_patched(PATCHED_TORCH_SCRIPT)
+
+        self.assertTrue(report["torch_file"].startswith(str(root)))
+        self.assertTrue(report["wrapper_file"].startswith(str(root)))
+        self.assertFalse(report["torch_cppwrap_imported"])
+        self.assertTrue(report["jit_is_ours"])
+        self.assertTrue(report["aot_keeps_upstream"])
+        for name, case in report["cases"].items():
+            code = case["code"]
+            self.assertGreaterEqual(case["wrappers_made"], 1, name)
+            self.assertIn("from torch._inductor.cppwrap_codecache import", code)
+            self.assertIn('#include "cppwrap_runtime.h"', code)
+            self.assertIn("cppwrap::", code)
+            self.assertNotIn("torch_cppwrap._inductor", code)
+        self.assertIn("cpp_fused_add_sum_0(", report["cases"]["seed"]["code"])
+        self.assertIn("aoti_torch_cpu_mm_out(", report["cases"]["mm"]["code"])
+
+    @slowTest
+    def test_aot_inductor_keeps_the_c_shim_wrapper(self) -> None:
+        report = self.run_patched(AOT_SCRIPT)
+        self.assertEqual(report["ours_made"], 0)
+        self.assertGreaterEqual(report["upstream_made"], 1)
+        self.assertFalse(report["torch_cppwrap_imported"])
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -206,8 +206,10 @@ def tuned_kernel_from_autotuner(name: str, autotuner: Any) -> TunedKernel:
         )
     meta = binary.metadata
     num_ctas = getattr(meta, "num_ctas", 1)
-    if num_ctas != 1 or getattr(meta, "launch_pdl", False) or getattr(
-        meta, "launch_cooperative_grid", False
+    if (
+        num_ctas != 1
+        or getattr(meta, "launch_pdl", False)
+        or getattr(meta, "launch_cooperative_grid", False)
     ):
         raise NotImplementedError(
             f"torch_cppwrap: Triton kernel {name} needs a cluster, PDL or cooperative "
@@ -285,7 +287,7 @@ def render_launcher(kernel: TunedKernel, call: LaunchSignature) -> str:
             f"{len(call.kinds)} arguments but its launcher takes "
             f"{list(kernel.launcher_args)}"
         )
-    kinds = dict(zip(kernel.launcher_args, call.kinds))
+    kinds = dict(zip(kernel.launcher_args, call.kinds, strict=True))
     cubin_symbol = f"cubin_{kernel.name}"
     kernel_var = f"{kernel.name}_kernel"
     code = IndentedBuffer()
@@ -307,7 +309,7 @@ def render_launcher(kernel: TunedKernel, call: LaunchSignature) -> str:
     with code.indent():
         for line in kernel.grid_prefix:
             code.writeline(line)
-        for axis, expr in zip("xyz", kernel.grid):
+        for axis, expr in zip("xyz", kernel.grid, strict=True):
             code.writeline(f"const uint32_t grid_{axis} = {expr};")
         code.writeline("if (grid_x == 0 || grid_y == 0 || grid_z == 0) return;")
         pointers = []
@@ -426,7 +428,18 @@ class CppWrapperGpu(CppWrapperCpu):
     def codegen_device_guard_exit(self) -> None:
         pass  # the guard lives until call_impl returns
 
-    def _generate_symbolic_call_arg_helper(self, arg: SymbolicCallArg, graph: Any) -> None:
+    def codegen_device_copy(self, src: str, dst: str, non_blocking: Any) -> None:
+        # DeviceCopy.codegen passes `src` and `non_blocking` through
+        # val_to_arg_str, so `src` is already a shim handle ("x.get()").
+        handle = src if src.endswith(".get()") else f"{src}.get()"
+        flag = "1" if str(non_blocking) in ("True", "true", "1") else "0"
+        self.writeline(
+            f'cppwrap::check_shim(aoti_torch_copy_({dst}.get(), {handle}, {flag}), "copy_");'
+        )
+
+    def _generate_symbolic_call_arg_helper(
+        self, arg: SymbolicCallArg, graph: Any
+    ) -> None:
         name = str(arg.inner)
         value = self.codegen_cpp_sizevar(arg.inner_expr)
         if name in self.symbolic_call_args:
@@ -481,8 +494,12 @@ class CppWrapperGpu(CppWrapperCpu):
         device = device or V.graph.get_current_device_or_throw()
         if device.type == "cpu":
             super()._generate_kernel_call_helper(
-                kernel_name, call_args, device=device, triton=triton,
-                arg_types=arg_types, **kwargs,
+                kernel_name,
+                call_args,
+                device=device,
+                triton=triton,
+                arg_types=arg_types,
+                **kwargs,
             )
             return
         if not triton:
@@ -499,13 +516,18 @@ class CppWrapperGpu(CppWrapperCpu):
         if kernel_name not in self.kernel_autotune_names:
             # The tuning block's line for this kernel (once per kernel).
             PythonWrapperCodegen._generate_kernel_call_helper(
-                self, kernel_name, call_args, device=device, triton=True,
-                arg_types=arg_types, **kwargs,
+                self,
+                kernel_name,
+                call_args,
+                device=device,
+                triton=True,
+                arg_types=arg_types,
+                **kwargs,
             )
         index = device.index or 0
         stream = self.write_get_raw_stream(index, kwargs.get("graph_name", ""))
         kinds, values = [], []
-        for arg, arg_type in zip(call_args, arg_types):
+        for arg, arg_type in zip(call_args, arg_types, strict=True):
             kind, value = self._launch_argument(arg, arg_type)
             kinds.append(kind)
             values.append(value)
@@ -518,7 +540,9 @@ class CppWrapperGpu(CppWrapperCpu):
                 f"torch_cppwrap: Triton kernel {kernel_name} is called with different "
                 f"argument kinds ({known.kinds} and {signature.kinds})"
             )
-        self.writeline(f"launch_{kernel_name}({', '.join([str(index), stream, *values])});")
+        self.writeline(
+            f"launch_{kernel_name}({', '.join([str(index), stream, *values])});"
+        )
 
     def _launch_argument(self, arg: Any, arg_type: Any) -> tuple[str, str]:
         """(kind, C++ expression) of one Triton call argument."""
@@ -570,9 +594,14 @@ class CppWrapperGpu(CppWrapperCpu):
         sample_inputs = getattr(V.graph, "autotuning_inputs", None)
         if sample_inputs:
             scope = {
-                self.get_autotuning_input_name(i): v for i, v in enumerate(sample_inputs)
+                self.get_autotuning_input_name(i): v
+                for i, v in enumerate(sample_inputs)
             }
-        code = self.kernel_autotune_defs.getvalue() + "\n" + self.kernel_autotune_calls.getvalue()
+        code = (
+            self.kernel_autotune_defs.getvalue()
+            + "\n"
+            + self.kernel_autotune_calls.getvalue()
+        )
         log.debug("torch_cppwrap: tuning block:\n%s", code)
         try:
             exec(compile(code, "<torch_cppwrap tuning block>", "exec"), scope)
@@ -656,7 +685,9 @@ class CudaWrapperCodeCache(CppWrapperCodeCache):
         use_kernels: bool,
         pch_dir: str | None,
     ) -> codecache.BuildCommands:
-        cmds = CppWrapperCodeCache._commands(tc, tmpdir, init_name, use_kernels, pch_dir)
+        cmds = CppWrapperCodeCache._commands(
+            tc, tmpdir, init_name, use_kernels, pch_dir
+        )
         cmds.wrapper = [*cmds.wrapper, *cuda_compile_flags()]
         cmds.link = [*cmds.link, *cuda_link_flags()]
         return cmds
@@ -698,7 +729,9 @@ def register_cuda() -> None:
         if _registry_original is None:
             entry = common.device_codegens.get("cuda")
             if entry is None:
-                raise RuntimeError("torch_cppwrap: Inductor has no cuda backend registered")
+                raise RuntimeError(
+                    "torch_cppwrap: Inductor has no cuda backend registered"
+                )
             _registry_original = (
                 entry,
                 common.custom_backend_passes.get("cuda"),

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The whole GPU check in one go, for one call of the device tool:
+#   the runtime extension's build, tests/test_gpu.py, and scripts/gpu/bench.py.
+# Logs and results go under $OUT (default /tmp/cppwrap_gpu_out).
+#
+#   PYTHONUNBUFFERED=1 bash scripts/gpu/run_all.sh 2>&1 | tee $OUT/log
+#
+# Knobs: TEST_TIMEOUT, TEST_WORKERS, BENCH_TIMEOUT, BENCH_ARGS (passed to
+# bench.py, e.g. --runs ours:seed upstream_cpp:mlp).
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/cppwrap_gpu_out}
+mkdir -p "$OUT"
+PYTHON=${PYTHON:-python3}
+# Pure-Python test dependencies the GPU image lacks (expecttest), carried as
+# wheels in .whl/ (see the device README).
+if compgen -G ".whl/*.whl" >/dev/null; then
+    $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export TORCH_CPPWRAP_CACHE_DIR=${TORCH_CPPWRAP_CACHE_DIR:-/tmp/cppwrap_cache}
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor_cache_tests}
+# Inductor probes the host's vector ISAs by building and loading test programs
+# in a fresh `python -c "import torch ..."` each, ~20 s apiece on that machine,
+# in every process whose first C++ build it is; with CUDA graphs there is no
+# C++ kernel for the ISA to matter to.  Trust /proc/cpuinfo instead (applies
+# to every mode of the benchmark alike).
+export TORCHINDUCTOR_VEC_ISA_OK=${TORCHINDUCTOR_VEC_ISA_OK:-1}
+
+echo "== machine"
+nvidia-smi -L || true
+$PYTHON -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, torch.version.cuda, "triton", triton.__version__, torch.cuda.get_device_name(0), "devices:", torch.cuda.device_count())'
+g++ --version | head -1
+nproc
+
+echo "== runtime extension (built once per torch version)"
+$PYTHON -c '
+import time
+from torch_cppwrap._inductor.codecache import RuntimeExtension
+start = time.perf_counter()
+RuntimeExtension.load()
+print(f"runtime extension ready in {time.perf_counter() - start:.1f} s")'
+
+echo "== tests/test_gpu.py"
+timeout "${TEST_TIMEOUT:-270}" $PYTHON -X faulthandler -m pytest tests/test_gpu.py -v -rfEs \
+    --tb=short -p no:cacheprovider -n "${TEST_WORKERS:-4}" 2>&1 | tee "$OUT/pytest.log"
+echo "tests exit status: $?"
+
+echo "== benchmark"
+timeout "${BENCH_TIMEOUT:-300}" $PYTHON scripts/gpu/bench.py --out "$OUT/bench.json" \
+    --dump-dir "$OUT" ${BENCH_ARGS:-}
+echo "benchmark exit status: $?"

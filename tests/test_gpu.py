@@ -1,0 +1,343 @@
+"""torch_cppwrap's CUDA C++ wrapper, compared with eager.  Skips without CUDA."""
+
+from __future__ import annotations
+
+import copy
+import unittest
+from collections.abc import Callable, Sequence
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.nn.functional as F
+from torch._inductor import config
+from torch._inductor.test_case import TestCase, run_tests
+from torch._inductor.utils import run_and_get_code
+
+import torch_cppwrap  # noqa: F401  (the import patches Inductor)
+from torch_cppwrap._inductor.codegen import cpp_wrapper_gpu
+from torch_cppwrap._inductor.codegen.cpp_wrapper_gpu import CppWrapperGpu
+
+HAS_CUDA = torch.cuda.is_available()
+HAS_MULTI_GPU = HAS_CUDA and torch.cuda.device_count() >= 2
+requires_cuda = unittest.skipUnless(HAS_CUDA, "needs a CUDA device")
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone(v) for v in value)
+    return copy.copy(value)
+
+
+def mlp(depth: int = 8, width: int = 256) -> torch.nn.Module:
+    """The benchmark model: Linear + GELU + residual, then LayerNorm."""
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(width, width)
+            self.norm = torch.nn.LayerNorm(width)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(x + F.gelu(self.linear(x)))
+
+    return torch.nn.Sequential(*[Block() for _ in range(depth)])
+
+
+@requires_cuda
+class CudaWrapperTestCase(TestCase):
+    """Compiles with cpp_wrapper=True and checks that CppWrapperGpu generated
+    the code, that no Triton kernel is left to Python, and that the results
+    match eager."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        cpp_wrapper_gpu.register_cuda()
+
+    def setUp(self) -> None:
+        super().setUp()
+        torch._dynamo.reset()
+
+    def compile_and_run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        *,
+        dynamic: bool | None = False,
+    ) -> tuple[Any, list[str]]:
+        created: list[type] = []
+        original_create = CppWrapperGpu.create
+
+        def counting_create(*a: Any, **k: Any) -> CppWrapperGpu:
+            wrapper = original_create(*a, **k)
+            created.append(type(wrapper))
+            return wrapper
+
+        compiled = torch.compile(fn, dynamic=dynamic)
+        with (
+            config.patch(cpp_wrapper=True, fx_graph_cache=False),
+            mock.patch.object(CppWrapperGpu, "create", staticmethod(counting_create)),
+        ):
+            result, sources = run_and_get_code(compiled, *args)
+        self.assertTrue(created, "torch_cppwrap's CppWrapperGpu generated no code")
+        self.assertTrue(sources)
+        for source in sources:
+            # Inductor prefixes the module with the tuning block, as a docstring.
+            module = source[source.index("CudaWrapperCodeCache") :]
+            self.assertIn('#include "cppwrap_cuda.h"', module)
+            # Every Triton kernel is a cubin launched from C++.
+            self.assertNotIn("async_compile", module)
+            self.assertNotIn(".run(", module)
+        return result, sources
+
+    def check(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        *,
+        atol: float | None = None,
+        rtol: float | None = None,
+        dynamic: bool | None = False,
+    ) -> list[str]:
+        eager_args = _clone(args)
+        expected = fn(*eager_args)
+        actual_args = _clone(args)
+        actual, sources = self.compile_and_run(fn, actual_args, dynamic=dynamic)
+        self.assertEqual(actual, expected, atol=atol, rtol=rtol)
+        self.assertEqual(actual_args, eager_args, atol=atol, rtol=rtol)
+        return sources
+
+
+class TestTritonKernels(CudaWrapperTestCase):
+    def test_seed_example(self) -> None:
+        def fn(x, y):
+            return (x + y).sum()
+
+        x, y = (
+            torch.randn(128, 128, device="cuda"),
+            torch.randn(128, 128, device="cuda"),
+        )
+        (source,) = self.check(fn, (x, y), atol=1e-3, rtol=1e-4)
+        self.assertIn("CPPWRAP_CUDA_EMBED_CUBIN(", source)
+        self.assertRegex(
+            source, r"static void launch_triton_\w+\(int32_t device, void\* stream"
+        )
+        self.assertIn("cppwrap::cuda::current_stream(0)", source)
+        self.assertIn("cppwrap::cuda::DeviceGuard device_guard(0);", source)
+        self.assertIn("cppwrap::GilRelease nogil;", source)
+
+    def test_pointwise_broadcast_multiple_outputs(self) -> None:
+        def fn(a, b, c):
+            t = torch.sigmoid(a) * b + c.exp()
+            return t - 1.5, t.relu()
+
+        args = [torch.randn(4, 1, 8), torch.randn(1, 6, 8), torch.randn(8)]
+        self.check(fn, [a.cuda() for a in args])
+
+    def test_reductions(self) -> None:
+        def fn(x):
+            return x.sum(0), x.amax(1), x.mean(), torch.var(x, dim=1), x.argmax(1)
+
+        self.check(fn, (torch.randn(333, 1717, device="cuda"),), atol=1e-3, rtol=1e-3)
+
+    def test_softmax_and_layer_norm(self) -> None:
+        ln = torch.nn.LayerNorm(64).cuda()
+
+        def fn(x):
+            return ln(torch.softmax(x, -1))
+
+        with torch.no_grad():
+            self.check(fn, (torch.randn(8, 64, device="cuda"),), atol=1e-4, rtol=1e-4)
+
+    def test_kernel_launched_twice(self) -> None:
+        def fn(x, y):
+            return (x * 2 + 1).sin(), (y * 2 + 1).sin()
+
+        x, y = torch.randn(1024, device="cuda"), torch.randn(1024, device="cuda")
+        self.check(fn, (x, y))
+
+    def test_input_mutation(self) -> None:
+        def fn(x, y):
+            x.add_(y)
+            return x * 2
+
+        self.check(
+            fn, (torch.randn(64, 64, device="cuda"), torch.randn(64, 64, device="cuda"))
+        )
+
+    def test_half_and_int(self) -> None:
+        def fn(x, i):
+            return (x.float() * 3).half(), i * 2 + 1, (i > 3).sum()
+
+        x = torch.randn(37, 19, device="cuda", dtype=torch.float16)
+        i = torch.randint(0, 10, (37, 19), device="cuda")
+        self.check(fn, (x, i))
+
+    def test_no_python_on_the_call_path(self) -> None:
+        # Once compiled, the graph runs although Triton's Python launchers
+        # would raise.
+        from torch._inductor.runtime import triton_heuristics
+
+        def fn(x):
+            return torch.relu(x) + 1
+
+        compiled = torch.compile(fn)
+        x = torch.randn(256, device="cuda")
+        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            self.assertEqual(compiled(x), fn(x))
+
+            def no_python_launch(*args: Any, **kwargs: Any) -> Any:
+                raise AssertionError("a Triton kernel was launched from Python")
+
+            with mock.patch.object(
+                triton_heuristics.CachingAutotuner, "run", no_python_launch
+            ):
+                y = torch.randn(256, device="cuda")
+                self.assertEqual(compiled(y), fn(y))
+
+
+class TestDynamicShapes(CudaWrapperTestCase):
+    def test_dynamic_pointwise_and_reduction(self) -> None:
+        def fn(x):
+            return torch.softmax(x * 2, dim=-1), x.sum(0)
+
+        compiled_args = [(torch.randn(8, 33, device="cuda"),)]
+        (source,) = self.check(fn, compiled_args[0], dynamic=True, atol=1e-4, rtol=1e-4)
+        # The grid is computed in C++ from the sizes of each call.
+        self.assertRegex(source, r"int64_t s\d+ = ")
+        compiled = torch.compile(fn, dynamic=True)
+        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            for shape in [(8, 33), (5, 1000), (64, 7)]:
+                x = torch.randn(*shape, device="cuda")
+                self.assertEqual(compiled(x), fn(x), atol=1e-4, rtol=1e-4)
+
+
+class TestExternKernels(CudaWrapperTestCase):
+    def test_mm_addmm_bmm(self) -> None:
+        def fn(a, b, bias, c, d):
+            return a @ b, torch.addmm(bias, a, b), torch.bmm(c, d)
+
+        args = [
+            torch.randn(16, 32),
+            torch.randn(32, 8),
+            torch.randn(8),
+            torch.randn(3, 4, 5),
+            torch.randn(3, 5, 6),
+        ]
+        (source,) = self.check(fn, [a.cuda() for a in args], atol=1e-2, rtol=1e-2)
+        self.assertRegex(source, r"aoti_torch_cuda_(mm|addmm|bmm)_out")
+
+    def test_convolution(self) -> None:
+        conv = torch.nn.Conv2d(3, 8, 3, padding=1).cuda()
+
+        def fn(x):
+            return F.relu(conv(x))
+
+        with torch.no_grad():
+            (source,) = self.check(
+                fn, (torch.randn(2, 3, 16, 16, device="cuda"),), atol=1e-2, rtol=1e-2
+            )
+        self.assertIn("convolution", source)
+
+    def test_fallback_op(self) -> None:
+        def fn(x):
+            values, indices = torch.sort(x, dim=-1)
+            return values * 2, indices
+
+        self.check(fn, (torch.randn(16, 50, device="cuda"),))
+
+    def test_mlp(self) -> None:
+        model = mlp(depth=2).cuda()
+        with torch.no_grad():
+            (source,) = self.check(
+                model, (torch.randn(32, 256, device="cuda"),), atol=1e-2, rtol=1e-2
+            )
+        self.assertRegex(source, r"aoti_torch_cuda_(mm|addmm)_out")
+
+
+class TestDevices(CudaWrapperTestCase):
+    def test_cpu_and_cuda_in_one_graph(self) -> None:
+        def fn(x, y):
+            return (x.cuda() + y).relu(), (y.cpu() * 2)
+
+        self.check(fn, (torch.randn(64), torch.randn(64, device="cuda")))
+
+    @unittest.skipUnless(HAS_MULTI_GPU, "needs two CUDA devices")
+    def test_second_device(self) -> None:
+        def fn(x, y):
+            return (x @ y).relu() + x.sum()
+
+        args = (
+            torch.randn(32, 32, device="cuda:1"),
+            torch.randn(32, 32, device="cuda:1"),
+        )
+        (source,) = self.check(fn, args, atol=1e-2, rtol=1e-2)
+        self.assertIn("cppwrap::cuda::DeviceGuard device_guard(1);", source)
+        with torch.cuda.device(0):
+            out = torch.compile(fn)(*args)
+        self.assertEqual(out.device, torch.device("cuda:1"))
+
+
+if HAS_CUDA:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        x = tl.load(x_ptr + offsets, mask=mask)
+        y = tl.load(y_ptr + offsets, mask=mask)
+        tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+class TestUserDefinedTriton(CudaWrapperTestCase):
+    def test_user_defined_kernel(self) -> None:
+        def fn(x, y):
+            out = torch.empty_like(x)
+            n = x.numel()
+            add_kernel[(triton.cdiv(n, 128),)](x, y, out, n, BLOCK=128)
+            return out * 2
+
+        self.check(
+            fn, (torch.randn(1000, device="cuda"), torch.randn(1000, device="cuda"))
+        )
+
+
+@requires_cuda
+class TestRegistration(TestCase):
+    def test_register_is_idempotent_and_reversible(self) -> None:
+        from torch._inductor.codegen import common
+
+        common.init_backend_registration()
+        before = common.device_codegens["cuda"]
+        was_registered = cpp_wrapper_gpu.is_cuda_registered()
+        cpp_wrapper_gpu.unregister_cuda()
+        original = common.device_codegens["cuda"]
+        try:
+            cpp_wrapper_gpu.register_cuda()
+            cpp_wrapper_gpu.register_cuda()
+            entry = common.device_codegens["cuda"]
+            self.assertIs(
+                entry.cpp_wrapper_codegen, cpp_wrapper_gpu.CudaCppWrapperSelector
+            )
+            self.assertIs(entry.scheduling, original.scheduling)
+            self.assertIs(entry.wrapper_codegen, original.wrapper_codegen)
+            self.assertIs(
+                cpp_wrapper_gpu.CudaCppWrapperSelector.displaced,
+                original.cpp_wrapper_codegen,
+            )
+            cpp_wrapper_gpu.unregister_cuda()
+            self.assertIs(common.device_codegens["cuda"], original)
+        finally:
+            if was_registered:
+                cpp_wrapper_gpu.register_cuda()
+            else:
+                common.device_codegens["cuda"] = before
+
+
+if __name__ == "__main__":
+    run_tests()

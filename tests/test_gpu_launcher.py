@@ -1,0 +1,141 @@
+"""The C++ launcher that CppWrapperGpu writes for a tuned Triton kernel: its
+text, and that it compiles (with the cubin embedded) against our headers.
+Needs no GPU: the cubin here is a stand-in file."""
+
+from __future__ import annotations
+
+import subprocess
+import tempfile
+from pathlib import Path
+
+from torch._inductor.test_case import TestCase, run_tests
+
+from torch_cppwrap._inductor import codecache
+from torch_cppwrap._inductor.codegen import cpp_wrapper_gpu as gpu
+
+FAKE_CUBIN = b"\x7fELF stand-in for a cubin \x00\x01\x02"
+
+
+def tuned_kernel(cubin_path: str, **overrides: object) -> gpu.TunedKernel:
+    fields: dict = dict(
+        name="triton_poi_fused_add_0",
+        entry="triton_poi_fused_add_0",
+        cubin_path=cubin_path,
+        shared_bytes=0,
+        num_warps=4,
+        launcher_args=("in_ptr0", "in_ptr1", "out_ptr0", "scale", "xnumel"),
+        params=(
+            gpu.KernelParam("in_ptr0", "*fp32"),
+            gpu.KernelParam("in_ptr1", "*fp32"),
+            gpu.KernelParam("out_ptr0", "*fp32"),
+            gpu.KernelParam("scale", "fp32"),
+            gpu.KernelParam("xnumel", "i32"),
+        ),
+        grid_prefix=(),
+        grid=("((xnumel + (1024 - 1)) / (1024))", "1", "1"),
+        global_scratch=0,
+        profile_scratch=0,
+        description="XBLOCK=1024, num_warps=4",
+    )
+    fields.update(overrides)
+    return gpu.TunedKernel(**fields)
+
+
+SIGNATURE = gpu.LaunchSignature(
+    "triton_poi_fused_add_0",
+    ("tensor", "tensor", "tensor", "float", "int"),
+    "# kernel path: /tmp/x.py\n# Source Nodes: [add]",
+)
+
+
+class TestLauncherText(TestCase):
+    def test_parameters_in_cubin_order_then_scratch(self) -> None:
+        text = gpu.render_launcher(tuned_kernel("/k.cubin"), SIGNATURE)
+        self.assertIn("// kernel path: /tmp/x.py", text)
+        self.assertIn(
+            'CPPWRAP_CUDA_EMBED_CUBIN(cubin_triton_poi_fused_add_0, "/k.cubin");', text
+        )
+        self.assertIn(
+            "static void launch_triton_poi_fused_add_0(int32_t device, void* stream, "
+            "const cppwrap::Tensor& in_ptr0, const cppwrap::Tensor& in_ptr1, "
+            "const cppwrap::Tensor& out_ptr0, double scale, int64_t xnumel)",
+            text,
+        )
+        self.assertIn("float scale_arg = static_cast<float>(scale);", text)
+        self.assertIn("int32_t xnumel_arg = static_cast<int32_t>(xnumel);", text)
+        self.assertIn(
+            "void* params[] = {&in_ptr0_arg, &in_ptr1_arg, &out_ptr0_arg, &scale_arg, "
+            "&xnumel_arg, &global_scratch, &profile_scratch};",
+            text,
+        )
+        # 4 warps of 32 threads.
+        self.assertIn('"triton_poi_fused_add_0", 0, 128);', text)
+
+    def test_scratch_is_allocated_per_program(self) -> None:
+        text = gpu.render_launcher(
+            tuned_kernel("/k.cubin", global_scratch=64), SIGNATURE
+        )
+        self.assertIn(
+            "cppwrap::cuda::scratch(device, uint64_t(grid_x) * grid_y * grid_z, 64)",
+            text,
+        )
+        self.assertIn("void* profile_scratch = nullptr;", text)
+
+    def test_no_scratch_parameters_when_the_kernel_takes_none(self) -> None:
+        text = gpu.render_launcher(
+            tuned_kernel("/k.cubin", global_scratch=None, profile_scratch=None),
+            SIGNATURE,
+        )
+        self.assertNotIn("scratch", text)
+
+    def test_argument_count_mismatch_is_reported(self) -> None:
+        short = gpu.LaunchSignature("triton_poi_fused_add_0", ("tensor",))
+        with self.assertRaisesRegex(NotImplementedError, "called with 1 arguments"):
+            gpu.render_launcher(tuned_kernel("/k.cubin"), short)
+
+
+class TestLauncherCompiles(TestCase):
+    def test_module_with_launcher_compiles_and_embeds_the_cubin(self) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = Path(tmp) / "kernel.cubin"
+            cubin.write_bytes(FAKE_CUBIN)
+            launcher = gpu.render_launcher(
+                tuned_kernel(str(cubin), shared_bytes=80 * 1024, global_scratch=32),
+                SIGNATURE,
+            )
+            source = "\n".join(
+                [
+                    '#include "cppwrap_runtime.h"',
+                    '#include "cppwrap_cuda.h"',
+                    "CPPWRAP_MODULE_STATE()",
+                    launcher,
+                    "static PyObject* call_impl(PyObject*, PyObject*) {",
+                    "  cppwrap::Tensor a, b, c;",
+                    "  try {",
+                    "    cppwrap::GilRelease nogil;",
+                    "    cppwrap::cuda::DeviceGuard device_guard(0);",
+                    "    void* stream0 = cppwrap::cuda::current_stream(0);",
+                    "    launch_triton_poi_fused_add_0(0, stream0, a, b, c, 0.5, 1000);",
+                    "  } catch (...) {",
+                    "    return cppwrap::raise_current();",
+                    "  }",
+                    "  Py_RETURN_NONE;",
+                    "}",
+                    'CPPWRAP_DEFINE_MODULE("launcher test")',
+                ]
+            )
+            (Path(tmp) / "wrapper.cpp").write_text(source)
+            cmds = gpu.CudaWrapperCodeCache._commands(
+                codecache.toolchain(), Path(tmp), "PyInit_launcher_test", False, None
+            )
+            self.assertIn("-DUSE_CUDA", cmds.wrapper)
+            self.assertIn("-ltorch_cuda", cmds.link)
+            proc = subprocess.run(
+                cmds.wrapper, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+            self.assertEqual(proc.returncode, 0, proc.stdout.decode(errors="replace"))
+            self.assertIn(FAKE_CUBIN, (Path(tmp) / "wrapper.o").read_bytes())
+
+
+if __name__ == "__main__":
+    run_tests()

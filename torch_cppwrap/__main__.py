@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -45,6 +46,8 @@ def demo(ns: argparse.Namespace) -> int:
         progress("error: torch_cppwrap did not patch Inductor (see the warning above)")
         return 1
     budget = _bench.QUICK
+    if ns.threads is not None:
+        torch.set_num_threads(ns.threads)  # before compiling: kernels bake it in
     torch.manual_seed(0)
     args = (torch.randn(128, 128), torch.randn(128, 128))
     expected = _seed_fn(*args)
@@ -76,6 +79,17 @@ def demo(ns: argparse.Namespace) -> int:
 
     _bench.stop_compile_workers()
     progress("timing...")
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    if load > cpus:
+        progress(
+            f"note: the machine is busy (load average {load:.1f} on {cpus} CPUs); "
+            "times will be noisy"
+            + (
+                ""
+                if torch.get_num_threads() == 1
+                else ", and --threads 1 steadies them"
+            )
+        )
     rows = []
     for label, compiled, module in (
         ("Python wrapper", python, python_module),
@@ -126,9 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="{demo,bench,patches}"
     )
-    commands.add_parser(
+    demo_parser = commands.add_parser(
         "demo",
         help="compile (x + y).sum(), show the generated C++, and time it against the Python wrapper",
+    )
+    demo_parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: torch's choice)",
     )
     bench = commands.add_parser(
         "bench",

@@ -15,7 +15,6 @@ from torch._inductor.test_case import TestCase, run_tests
 from torch._inductor.utils import run_and_get_code
 
 import torch_cppwrap  # noqa: F401  (the import patches Inductor)
-from torch_cppwrap._inductor.codegen import cpp_wrapper_gpu
 from torch_cppwrap._inductor.codegen.cpp_wrapper_gpu import CppWrapperGpu
 
 HAS_CUDA = torch.cuda.is_available()
@@ -52,11 +51,6 @@ class CudaWrapperTestCase(TestCase):
     the code, that no Triton kernel is left to Python, and that the results
     match eager."""
 
-    @classmethod
-    def setUpClass(cls) -> None:
-        super().setUpClass()
-        cpp_wrapper_gpu.register_cuda()
-
     def setUp(self) -> None:
         super().setUp()
         torch._dynamo.reset()
@@ -86,7 +80,7 @@ class CudaWrapperTestCase(TestCase):
         self.assertTrue(sources)
         for source in sources:
             # Inductor prefixes the module with the tuning block, as a docstring.
-            module = source[source.index("CudaWrapperCodeCache") :]
+            module = source[source.index("import CppWrapperCodeCache") :]
             self.assertIn('#include "cppwrap_cuda.h"', module)
             # Every Triton kernel is a cubin launched from C++.
             self.assertNotIn("async_compile", module)
@@ -309,34 +303,22 @@ class TestUserDefinedTriton(CudaWrapperTestCase):
 
 @requires_cuda
 class TestRegistration(TestCase):
-    def test_register_is_idempotent_and_reversible(self) -> None:
+    def test_patch_registers_cuda_and_unpatch_restores(self) -> None:
         from torch._inductor.codegen import common
 
-        common.init_backend_registration()
-        before = common.device_codegens["cuda"]
-        was_registered = cpp_wrapper_gpu.is_cuda_registered()
-        cpp_wrapper_gpu.unregister_cuda()
-        original = common.device_codegens["cuda"]
+        from torch_cppwrap import _patching
+
+        torch_cppwrap.patch()
+        entry = common.device_codegens["cuda"]
+        self.assertIs(entry.cpp_wrapper_codegen, _patching.CudaCppWrapperSelector)
+        original = _patching._registry_originals["cuda"][0]
+        self.assertIs(entry.scheduling, original.scheduling)
+        self.assertIs(_patching.CudaCppWrapperSelector.displaced, original.cpp_wrapper_codegen)
+        torch_cppwrap.unpatch()
         try:
-            cpp_wrapper_gpu.register_cuda()
-            cpp_wrapper_gpu.register_cuda()
-            entry = common.device_codegens["cuda"]
-            self.assertIs(
-                entry.cpp_wrapper_codegen, cpp_wrapper_gpu.CudaCppWrapperSelector
-            )
-            self.assertIs(entry.scheduling, original.scheduling)
-            self.assertIs(entry.wrapper_codegen, original.wrapper_codegen)
-            self.assertIs(
-                cpp_wrapper_gpu.CudaCppWrapperSelector.displaced,
-                original.cpp_wrapper_codegen,
-            )
-            cpp_wrapper_gpu.unregister_cuda()
             self.assertIs(common.device_codegens["cuda"], original)
         finally:
-            if was_registered:
-                cpp_wrapper_gpu.register_cuda()
-            else:
-                common.device_codegens["cuda"] = before
+            torch_cppwrap.patch()
 
 
 if __name__ == "__main__":

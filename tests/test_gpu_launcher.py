@@ -125,8 +125,8 @@ class TestLauncherCompiles(TestCase):
                 ]
             )
             (Path(tmp) / "wrapper.cpp").write_text(source)
-            cmds = gpu.CudaWrapperCodeCache._commands(
-                codecache.toolchain(), Path(tmp), "PyInit_launcher_test", False, None
+            cmds = codecache.CppWrapperCodeCache._commands(
+                codecache.toolchain(), Path(tmp), "PyInit_launcher_test", False, None, "cuda"
             )
             self.assertIn("-DUSE_CUDA", cmds.wrapper)
             self.assertIn("-ltorch_cuda", cmds.link)

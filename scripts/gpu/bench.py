@@ -96,8 +96,6 @@ def run_one(mode: str, model_name: str, dump_dir: str | None) -> dict:
         logging.basicConfig(format="%(asctime)s %(name)s: %(message)s")
         logging.getLogger("torch_cppwrap").setLevel(logging.INFO)
         from torch_cppwrap._inductor.codegen import cpp_wrapper_gpu
-
-        cpp_wrapper_gpu.register_cuda()
         original_create = cpp_wrapper_gpu.CppWrapperGpu.create
 
         def counting_create(*a, **k):
@@ -141,7 +139,7 @@ def run_one(mode: str, model_name: str, dump_dir: str | None) -> dict:
         cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
         for path in sorted(cache.rglob("*.py")):
             text = path.read_text(errors="replace")
-            if "CudaWrapperCodeCache" in text and "wrapper_src" in text:
+            if "torch_cppwrap._inductor.codecache import CppWrapperCodeCache" in text and "wrapper_src" in text:
                 shutil.copy(path, Path(dump_dir) / f"generated_{model_name}.py")
     return result
 

@@ -16,6 +16,7 @@ and an atomic rename, so concurrent processes never see a half-written file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -32,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -40,7 +42,14 @@ from torch_cppwrap import _compat
 log = logging.getLogger(__name__)
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
-RUNTIME_HEADERS = ("cppwrap_api.h", "cppwrap_dtypes.h", "cppwrap_runtime.h")
+RUNTIME_HEADERS = ("cppwrap_api.h", "cppwrap_dtypes.h", "cppwrap_runtime.h", "cppwrap_cuda.h")
+
+# Extra (compile, link) flags of a wrapper module, by device: CUDA modules call
+# the aoti_torch_cuda_* shim, which lives in libtorch_cuda.
+DEVICE_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "cpu": ((), ()),
+    "cuda": (("-DUSE_CUDA",), ("-ltorch_cuda",)),
+}
 CPP_PREFIX_INCLUDE = "torch/csrc/inductor/cpp_prefix.h"
 
 # How long to wait for another process that is building the same artefact.
@@ -192,8 +201,13 @@ class _Toolchain:
         from torch._inductor import cpp_builder
 
         self._cpp_builder = cpp_builder
-        self.vec_isa = _compat.pick_vec_isa()
         self.runtime_include = f"-I{RUNTIME_DIR}"
+
+    @functools.cached_property
+    def vec_isa(self) -> Any:
+        # Probing the ISA compiles and runs test programs (seconds); only
+        # graphs with C++ kernels need it.
+        return _compat.pick_vec_isa()
 
     def _command(self, sources: list[str], output: str, **options: object) -> list[str]:
         build_option = _compat.build_options(device_type="cpu", **options)
@@ -385,7 +399,11 @@ class CppWrapperCodeCache:
 
         # The commands use placeholder paths for the hash; the real ones differ
         # only in the directory.
-        probe = cls._commands(tc, Path("DIR"), "PyInit_NAME", use_kernels, pch_dir)
+        if device_type not in DEVICE_FLAGS:
+            raise NotImplementedError(f"torch_cppwrap: no C++ wrapper build for {device_type!r}")
+        probe = cls._commands(
+            tc, Path("DIR"), "PyInit_NAME", use_kernels, pch_dir, device_type
+        )
         key = sha256_hex(
             wrapper_source,
             kernel_source,
@@ -409,7 +427,9 @@ class CppWrapperCodeCache:
             _write_atomic(wrapper_path, wrapper_source)
             if use_kernels:
                 _write_atomic(kernel_path, kernel_source)
-            cmds = cls._commands(tc, tmpdir, f"PyInit_{module_name}", use_kernels, pch_dir)
+            cmds = cls._commands(
+                tc, tmpdir, f"PyInit_{module_name}", use_kernels, pch_dir, device_type
+            )
             jobs: list[tuple[Sequence[str], str]] = [
                 (_with_source(cmds.wrapper, wrapper_path), str(wrapper_path))
             ]
@@ -433,16 +453,18 @@ class CppWrapperCodeCache:
         init_name: str,
         use_kernels: bool,
         pch_dir: str | None,
+        device_type: str = "cpu",
     ) -> BuildCommands:
         wrapper_obj = str(tmpdir / "wrapper.o")
         kernel_obj = str(tmpdir / "kernels.o")
         objects = [wrapper_obj, kernel_obj] if use_kernels else [wrapper_obj]
+        compile_flags, link_flags = DEVICE_FLAGS[device_type]
         return BuildCommands(
-            wrapper=tc.wrapper_compile("wrapper.cpp", wrapper_obj, init_name),
+            wrapper=[*tc.wrapper_compile("wrapper.cpp", wrapper_obj, init_name), *compile_flags],
             kernels=tc.kernel_compile("kernels.cpp", kernel_obj, pch_dir)
             if use_kernels
             else None,
-            link=tc.link(objects, str(tmpdir / "module.so")),
+            link=[*tc.link(objects, str(tmpdir / "module.so")), *link_flags],
         )
 
 

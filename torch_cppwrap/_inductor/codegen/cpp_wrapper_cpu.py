@@ -142,9 +142,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
         for index, name in enumerate(names):
             value = inputs[name]
             if isinstance(value, sympy.Expr):
-                ctype, fn = ("double", "unpack_float") if value.is_float else (
-                    "int64_t",
-                    "unpack_int",
+                ctype, fn = (
+                    ("int64_t", "unpack_int") if value.is_integer else ("double", "unpack_float")
                 )
                 self.entry.writeline(f"{ctype} {name} = 0;")
             elif isinstance(value, ir.TensorBox) or isinstance(
@@ -247,7 +246,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         if isinstance(value, sympy.Expr):
             if isinstance(value, sympy.Symbol) and value not in bound_vars:
                 if str(value) != name:
-                    ctype = "double" if value.is_float else "int64_t"
+                    ctype = "int64_t" if value.is_integer else "double"
                     code.writeline(f"{ctype} {value} = {name};")
                 bound_vars.add(value)
             return
@@ -598,20 +597,17 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self._generate_boxed_call(buf_name, op_overload, raw_args, outputs)
 
     def generate_scatter_fallback(self, node: Any) -> None:
-        op = _op_from_python_name(node.python_kernel_name)
-        raw_args = list(node.inputs) + list(node.constant_args)
-        schema_args = op._schema.arguments
-        kwargs = dict(node.kwargs)
-        values: list[Any] = []
-        for index, arg in enumerate(schema_args):
-            if index < len(raw_args):
-                values.append(raw_args[index])
-            elif arg.name in kwargs:
-                values.append(kwargs[arg.name])
-            elif arg.name == "reduce" and getattr(node, "src_is_tensor", None) is not None:
-                values.append(None)
-            else:
-                values.append(arg.default_value)
+        op = node.op_overload
+        if not isinstance(op, torch._ops.OpOverload):
+            op = _op_from_python_name(node.python_kernel_name)
+        x, index = node.inputs[0], node.inputs[1]
+        dim = node.constant_args[0]
+        src = node.inputs[2] if node.src_is_tensor else node.constant_args[1]
+        by_name = {"self": x, "dim": dim, "index": index, "src": src, "value": src}
+        by_name.update({k: v for k, v in node.kwargs.items() if v is not None})
+        values = [
+            by_name.get(arg.name, arg.default_value) for arg in op._schema.arguments
+        ]
         self._generate_boxed_call(node.get_name(), op, values, [])
 
     def generate_index_put_fallback(self, node: Any) -> None:
@@ -691,9 +687,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.writeline(_MultiOutputCheck(self, node))
 
     def codegen_device_copy(self, src: str, dst: str, non_blocking: Any) -> None:
-        blocking = "1" if non_blocking is True else "0"
+        # DeviceCopy passes `src` (and the flag) through val_to_arg_str, so it
+        # may already be a shim handle.
+        handle = src if src.endswith(".get()") else f"{src}.get()"
+        flag = "1" if str(non_blocking) in ("True", "true", "1") else "0"
         self.writeline(
-            f'cppwrap::check_shim(aoti_torch_copy_({dst}.get(), {src}.get(), {blocking}), "copy_");'
+            f'cppwrap::check_shim(aoti_torch_copy_({dst}.get(), {handle}, {flag}), "copy_");'
         )
 
     def write_assert_size_stride(self, name: str, size: str, stride: str, op_name: str) -> None:
@@ -745,7 +744,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 continue
             if isinstance(node, ir.ShapeAsConstantBuffer):
                 expr = node.expr if hasattr(node, "expr") else node.shape
-                kind = "float" if getattr(expr, "is_float", False) else "int"
+                kind = "int" if getattr(expr, "is_integer", True) else "float"
                 self.output_kinds.append(kind)
                 self.wrapper_call.writeline(f"out{index} = {ref};")
                 continue

@@ -15,6 +15,7 @@ import torch
 
 _SHIM_HEADERS = (
     "torch/csrc/inductor/aoti_torch/c/shim.h",
+    "torch/csrc/inductor/aoti_torch/c/shim_cpu.h",
     "torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h",
 )
 _DECLARATION = re.compile(r"AOTITorchError\s+(aoti_torch_\w+)\s*\(")

@@ -18,6 +18,7 @@
 #include "cppwrap_api.h"
 #include "cppwrap_dtypes.h"
 
+#include <torch/csrc/inductor/aoti_torch/c/shim_cpu.h>
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>
 
 namespace cppwrap {

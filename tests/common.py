@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from unittest import mock
 
@@ -24,6 +25,25 @@ def _clone(value: Any) -> Any:
     return copy.copy(value)
 
 
+@contextlib.contextmanager
+def our_wrappers_created() -> Iterator[list[type]]:
+    """Records the class of every wrapper codegen torch_cppwrap creates, with
+    caches off so that every graph is generated anew."""
+    created: list[type] = []
+    original_create = CppWrapperCpu.create
+
+    def counting_create(*a: Any, **k: Any) -> CppWrapperCpu:
+        wrapper = original_create(*a, **k)
+        created.append(type(wrapper))
+        return wrapper
+
+    with (
+        config.patch(cpp_wrapper=True, fx_graph_cache=False),
+        mock.patch.object(CppWrapperCpu, "create", staticmethod(counting_create)),
+    ):
+        yield created
+
+
 class CppWrapperTestCase(TestCase):
     """Compiles functions with cpp_wrapper=True and checks that torch_cppwrap
     generated the code and that the results match eager."""
@@ -41,19 +61,8 @@ class CppWrapperTestCase(TestCase):
         compile_kwargs: dict[str, Any] | None = None,
     ) -> tuple[Any, list[str]]:
         """Returns (result, generated sources) and asserts our wrapper made them."""
-        created = []
-        original_create = CppWrapperCpu.create
-
-        def counting_create(*a: Any, **k: Any) -> CppWrapperCpu:
-            wrapper = original_create(*a, **k)
-            created.append(type(wrapper))
-            return wrapper
-
         compiled = torch.compile(fn, dynamic=dynamic, **(compile_kwargs or {}))
-        with (
-            config.patch(cpp_wrapper=True, fx_graph_cache=False),
-            mock.patch.object(CppWrapperCpu, "create", staticmethod(counting_create)),
-        ):
+        with our_wrappers_created() as created:
             result, sources = run_and_get_code(compiled, *args)
         self.assertTrue(created, "torch_cppwrap's CppWrapperCpu generated no code")
         self.assertTrue(all(issubclass(c, CppWrapperCpu) for c in created))

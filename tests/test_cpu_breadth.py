@@ -1,0 +1,224 @@
+"""Beyond the foundation: dynamic shapes, training, constants, random ops,
+attention and friends, threads, the profiler, and clear errors for what is
+not supported."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import torch
+import torch.nn.functional as F
+from torch._inductor import config
+from torch._inductor.test_case import run_tests
+
+from tests.common import CppWrapperTestCase, our_wrappers_created
+
+
+class TestDynamicShapes(CppWrapperTestCase):
+    def test_dynamic_true_serves_several_sizes_without_recompiling(self) -> None:
+        def fn(x, y):
+            return (x * y).sum(1) + x.shape[0]
+
+        x, y = torch.randn(4, 5), torch.randn(4, 5)
+        (source,) = self.check(fn, (x, y), dynamic=True)
+        self.assertIn("int64_t s", source)  # a size symbol read in C++
+        compiled = torch.compile(fn, dynamic=True)
+        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            compiled(x, y)
+            frames_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+            for n in (7, 13, 2):
+                a, b = torch.randn(n, 5), torch.randn(n, 5)
+                torch.testing.assert_close(compiled(a, b), fn(a, b))
+            self.assertEqual(
+                torch._dynamo.utils.counters["stats"]["unique_graphs"], frames_before
+            )
+
+    def test_mark_dynamic_with_extern_kernel(self) -> None:
+        def fn(x):
+            return F.relu(x @ x.t())
+
+        x = torch.randn(9, 6)
+        torch._dynamo.mark_dynamic(x, 0)
+        self.check(fn, (x,), atol=1e-4, rtol=1e-4)
+
+    def test_symbolic_int_output(self) -> None:
+        def fn(x):
+            return x * 2, x.shape[0] * 3
+
+        x = torch.randn(5, 2)
+        torch._dynamo.mark_dynamic(x, 0)
+        self.check(fn, (x,))
+
+
+class TestTrainingAndConstants(CppWrapperTestCase):
+    def test_small_model_trains_like_eager(self) -> None:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1)
+        )
+        reference = copy.deepcopy(model)
+        compiled = torch.compile(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+        with our_wrappers_created() as created:
+            for _ in range(3):
+                x = torch.randn(4, 8)
+                loss = compiled(x).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                ref_loss = reference(x).pow(2).mean()
+                ref_loss.backward()
+                ref_opt.step()
+                ref_opt.zero_grad()
+                torch.testing.assert_close(loss, ref_loss)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p, q)
+        self.assertEqual(len(created), 2)  # the forward and the backward graph
+
+    def test_freezing_folds_constants(self) -> None:
+        model = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)
+        ).eval()
+        with torch.no_grad(), config.patch(freezing=True):
+            (source,) = self.check(model, (torch.randn(2, 8),), atol=1e-4, rtol=1e-4)
+        self.assertIn("cppwrap::load_constants", source)
+
+    def test_parameters_and_buffers_as_inputs(self) -> None:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16)).eval()
+        with torch.no_grad():
+            self.check(model, (torch.randn(3, 8),), atol=1e-5, rtol=1e-5)
+
+
+class TestRandom(CppWrapperTestCase):
+    def test_random_ops_follow_manual_seed(self) -> None:
+        def fn(x):
+            return (
+                torch.rand_like(x)
+                + torch.randn(x.shape[0])
+                + F.dropout(x, 0.5, True)
+                + torch.randint(0, 5, x.shape).float()
+                + torch.bernoulli(torch.full_like(x, 0.3))
+            )
+
+        compiled = torch.compile(fn)
+        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            torch.manual_seed(1)
+            _, (source,) = self.compile_and_run(fn, (torch.ones(10),))
+            torch.manual_seed(7)
+            a = compiled(torch.ones(10))
+            torch.manual_seed(7)
+            b = compiled(torch.ones(10))
+            torch.manual_seed(8)
+            c = compiled(torch.ones(10))
+        torch.testing.assert_close(a, b)
+        self.assertFalse(torch.equal(a, c))
+
+
+class TestOps(CppWrapperTestCase):
+    def test_complex_views(self) -> None:
+        def fn(x):
+            return torch.view_as_real(torch.view_as_complex(x) * 2)
+
+        self.check(fn, (torch.randn(4, 2),))
+
+    def test_scatter_and_index_put_accumulate(self) -> None:
+        def fn(x, i, v):
+            return x.scatter_add(0, i, v), x.index_put((i,), v, accumulate=True)
+
+        self.check(fn, (torch.zeros(5), torch.tensor([0, 1, 1, 4]), torch.ones(4)))
+
+    def test_sort_cumsum_embedding_bag(self) -> None:
+        bag = torch.nn.EmbeddingBag(10, 3, mode="sum")
+
+        def fn(x, idx, off):
+            return torch.sort(x, 1)[0], x.cumsum(0), bag(idx, off)
+
+        with torch.no_grad():
+            self.check(
+                fn,
+                (torch.randn(5, 6), torch.tensor([1, 2, 4, 5, 4, 3]), torch.tensor([0, 3])),
+            )
+
+    def test_attention(self) -> None:
+        mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+
+        def fn(q, x):
+            return F.scaled_dot_product_attention(q, q, q), mha(x, x, x)[0]
+
+        with torch.no_grad():
+            self.check(
+                fn, (torch.randn(2, 4, 8, 16), torch.randn(2, 5, 16)), atol=1e-5, rtol=1e-5
+            )
+
+    def test_transformer_and_conv_blocks(self) -> None:
+        layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True).eval()
+        conv = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+        ).eval()
+
+        def fn(x, img):
+            return layer(x), conv(img)
+
+        with torch.no_grad():
+            self.check(
+                fn, (torch.randn(2, 6, 32), torch.randn(2, 3, 16, 16)), atol=1e-4, rtol=1e-4
+            )
+
+
+class TestRuntime(CppWrapperTestCase):
+    def test_two_threads_share_one_compiled_function(self) -> None:
+        def fn(x):
+            return (x.sin() @ x.cos()).sum()
+
+        x = torch.randn(64, 64)
+        expected = fn(x)
+        compiled = torch.compile(fn)
+        errors: list[torch.Tensor] = []
+        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            self.compile_and_run(fn, (x,))
+            compiled(x)
+
+            def work() -> None:
+                for _ in range(50):
+                    r = compiled(x)
+                    if not torch.allclose(r, expected, atol=1e-3, rtol=1e-4):
+                        errors.append(r)
+
+            threads = [threading.Thread(target=work) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        self.assertEqual(errors, [])
+
+    def test_wrapper_call_shows_in_profiler(self) -> None:
+        def fn(x):
+            return x.relu() + 1
+
+        x = torch.randn(8)
+        compiled = torch.compile(fn)
+        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            self.compile_and_run(fn, (x,))
+            compiled(x)
+            with torch.profiler.profile() as prof:
+                compiled(x)
+        names = [e.name for e in prof.events()]
+        self.assertTrue(any("Call CompiledFxGraph" in n for n in names), names[:20])
+
+    def test_control_flow_is_a_clear_error(self) -> None:
+        def fn(p, x):
+            return torch.cond(p, lambda x: x + 1, lambda x: x - 1, (x,))
+
+        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            with self.assertRaisesRegex(Exception, "subgraphs .* not supported by the C\\+\\+ wrapper"):
+                torch.compile(fn)(torch.tensor(True), torch.randn(3))
+
+
+if __name__ == "__main__":
+    run_tests()

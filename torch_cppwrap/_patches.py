@@ -64,6 +64,9 @@ PACKAGE = "torch_cppwrap"
 EXTRA_MODULE_NAMES = {
     # The runtime extension sits beside the sources it is built from.
     f"{PACKAGE}._C": "torch._inductor.runtime._C",
+    # What registers our wrappers (prose such as "torch_cppwrap.patch()
+    # registers it for cuda"): upstream, the device registry does.
+    f"{PACKAGE}.patch": "torch._inductor.codegen.common.init_backend_registration",
 }
 # Our files whose upstream path differs from their path in the package.
 SPECIAL_TARGETS = {
@@ -71,22 +74,46 @@ SPECIAL_TARGETS = {
     "_inductor/codecache.py": "torch/_inductor/cppwrap_codecache.py",
 }
 EXPORTED_SUFFIXES = (".py", ".h", ".cpp")
-# Files of the package that the series leaves out for now, and why.
-DEFERRED = {
-    "_inductor/codegen/cpp_wrapper_gpu.py": (
-        "the CUDA wrapper registers itself through torch_cppwrap._patching "
-        "(register_cuda), which has no upstream counterpart; export it, with a "
-        "MOVED_UPSTREAM entry and a cuda registration, once _patching wires it"
-    ),
-    "_inductor/runtime/cppwrap_cuda.h": "only the deferred CUDA wrapper uses it",
-}
+# Files of the package that the series leaves out for now, and why
+# ("_inductor/x.py": "reason").
+DEFERRED: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class JitWrapper:
+    """One of our C++ wrappers that replaces an upstream module of the same
+    name: upstream's class moves to `<module>_aoti.py` for AOTInductor (and
+    for the devices we do not serve), ours is registered for `devices`."""
+
+    module: str  # in torch/_inductor/codegen/
+    cls: str
+    devices: tuple[str, ...]
+
+    @property
+    def path(self) -> str:
+        return f"torch/_inductor/codegen/{self.module}.py"
+
+    @property
+    def aoti_module(self) -> str:
+        return f"{self.module}_aoti"
+
+    @property
+    def aoti_cls(self) -> str:
+        return f"Aoti{self.cls}"
+
+    @property
+    def jit_cls(self) -> str:
+        return f"Jit{self.cls}"
+
+
+JIT_WRAPPERS = (
+    JitWrapper("cpp_wrapper_cpu", "CppWrapperCpu", ("cpu",)),
+    JitWrapper("cpp_wrapper_gpu", "CppWrapperGpu", ("cuda",)),
+)
 # Upstream modules that ours replace -> where upstream's moves.
 MOVED_UPSTREAM = {
-    "torch/_inductor/codegen/cpp_wrapper_cpu.py": (
-        "torch/_inductor/codegen/cpp_wrapper_cpu_aoti.py"
-    ),
+    w.path: f"torch/_inductor/codegen/{w.aoti_module}.py" for w in JIT_WRAPPERS
 }
-JIT_WRAPPER_MODULE = "torch/_inductor/codegen/cpp_wrapper_cpu.py"
 COMMON = "torch/_inductor/codegen/common.py"
 GRAPH = "torch/_inductor/graph.py"
 IR = "torch/_inductor/ir.py"
@@ -438,24 +465,32 @@ def _redirect_imports(path: str, text: str, old_module: str, new_module: str) ->
     return re.sub(rf"\b{old_leaf}\.py\b", f"{new_leaf}.py", "\n".join(lines))
 
 
-_MODE_HELPER = '''\
-def _cpp_wrapper_codegen_for_mode(
-    device: str, registered: WrapperConstructor | None, aot_mode: bool
-) -> WrapperConstructor | None:
-    """JIT graphs on CPU get CppWrapperCpu (cpp_wrapper_cpu.py), which builds a
-    Python extension module per graph; AOTInductor keeps the C-shim wrapper
-    (cpp_wrapper_cpu_aoti.py), which it packages into a model .so around the
-    AOTI runtime.  A class registered by anyone else is used for both."""
-    if aot_mode and device == "cpu":
-        from .cpp_wrapper_cpu import CppWrapperCpu
-        from .cpp_wrapper_cpu_aoti import CppWrapperCpu as AotiCppWrapperCpu
-
-        if registered is CppWrapperCpu:
-            return AotiCppWrapperCpu
-    return registered
-
-
-'''
+def _mode_helper(wrappers: Sequence[JitWrapper]) -> list[str]:
+    """get_wrapper_codegen_for_device's new helper, as lines of common.py."""
+    imports, pairs = [], []
+    for w in wrappers:
+        imports.append(f"        from .{w.module} import {w.cls}")
+        imports.append(f"        from .{w.aoti_module} import {w.cls} as {w.aoti_cls}")
+        pairs.append(f"            {w.cls}: {w.aoti_cls},")
+    return [
+        "def _cpp_wrapper_codegen_for_mode(",
+        "    registered: WrapperConstructor | None, aot_mode: bool",
+        ") -> WrapperConstructor | None:",
+        '    """JIT graphs get the C++ wrappers that build a Python extension module',
+        "    per graph; AOTInductor keeps the C-shim wrappers (*_aoti.py), which it",
+        "    packages into a model .so around the AOTI runtime.  A class registered",
+        '    by anyone else serves both."""',
+        "    if aot_mode:",
+        *imports,
+        "",
+        "        aot_wrappers: dict[WrapperConstructor | None, WrapperConstructor] = {",
+        *pairs,
+        "        }",
+        "        return aot_wrappers.get(registered, registered)",
+        "    return registered",
+        "",
+        "",
+    ]
 
 
 def register_jit_wrapper(tree: Tree) -> None:
@@ -471,21 +506,9 @@ def _register_in_common(tree: Tree) -> None:
     module = ast.parse(text, COMMON)
     lines = text.split("\n")
 
-    # init_backend_registration imports the class it registers for cpu.
     init = _function(module, "init_backend_registration", COMMON)
-    imports = [
-        node
-        for node in ast.walk(init)
-        if isinstance(node, ast.ImportFrom)
-        and node.module == "cpp_wrapper_cpu_aoti"
-        and [a.name for a in node.names] == ["CppWrapperCpu"]
-    ]
-    node = _only(
-        imports, f"import of CppWrapperCpu in {COMMON}:init_backend_registration"
-    )
-    lines[node.lineno - 1] = lines[node.lineno - 1].replace(
-        "from .cpp_wrapper_cpu_aoti import", "from .cpp_wrapper_cpu import", 1
-    )
+    for wrapper in JIT_WRAPPERS:
+        _register_in_init(init, lines, wrapper)
 
     # get_wrapper_codegen_for_device learns the graph's mode.
     getter = _function(module, "get_wrapper_codegen_for_device", COMMON)
@@ -522,13 +545,70 @@ def _register_in_common(tree: Tree) -> None:
     indent, lead = indent_match.groups()
     lines[read] = (
         f"{indent}{lead}_cpp_wrapper_codegen_for_mode(\n"
-        f"{indent}    device, wrapper_codegen_obj.cpp_wrapper_codegen, aot_mode\n"
+        f"{indent}    wrapper_codegen_obj.cpp_wrapper_codegen, aot_mode\n"
         f"{indent})"
     )
     lines[getter.lineno - 1 : body_start] = [new_header]
     first = getter.lineno - 1 - len(getter.decorator_list)
-    lines[first:first] = _MODE_HELPER.split("\n")[:-1]
+    lines[first:first] = _mode_helper(JIT_WRAPPERS)
     tree.write(COMMON, "\n".join(lines))
+
+
+def _register_in_init(
+    init: ast.FunctionDef, lines: list[str], wrapper: JitWrapper
+) -> None:
+    """Makes init_backend_registration register our class for wrapper.devices.
+
+    After the move, it imports upstream's class from `<module>_aoti`.  If only
+    our devices use it, that import now names our module; otherwise ours is
+    imported as Jit<Class> and put in our devices' registrations only."""
+    imports = [
+        node
+        for node in ast.walk(init)
+        if isinstance(node, ast.ImportFrom)
+        and node.module == wrapper.aoti_module
+        and [a.name for a in node.names] == [wrapper.cls]
+    ]
+    node = _only(
+        imports, f"import of {wrapper.cls} in {COMMON}:init_backend_registration"
+    )
+    uses: dict[str, list[ast.Name]] = {}
+    for call in ast.walk(init):
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name)
+            and call.func.id == "register_backend_for_device"
+            and call.args
+            and isinstance(call.args[0], ast.Constant)
+        ):
+            continue
+        names = [
+            n for n in ast.walk(call) if isinstance(n, ast.Name) and n.id == wrapper.cls
+        ]
+        uses.setdefault(str(call.args[0].value), []).extend(names)
+    if not all(uses.get(d) for d in wrapper.devices):
+        raise PatchError(
+            f"{COMMON}: init_backend_registration does not register {wrapper.cls} "
+            f"for {', '.join(wrapper.devices)}"
+        )
+    line = lines[node.lineno - 1]
+    if all(d in wrapper.devices for d, names in uses.items() if names):
+        lines[node.lineno - 1] = line.replace(
+            f"from .{wrapper.aoti_module} import", f"from .{wrapper.module} import", 1
+        )
+        return
+    for device in wrapper.devices:
+        for name in uses[device]:
+            assert name.end_col_offset is not None
+            row = lines[name.lineno - 1]
+            lines[name.lineno - 1] = (
+                row[: name.col_offset] + wrapper.jit_cls + row[name.end_col_offset :]
+            )
+    indent = line[: len(line) - len(line.lstrip())]
+    lines[node.lineno - 1] = (
+        f"{indent}from .{wrapper.module} import {wrapper.cls} as {wrapper.jit_cls}\n"
+        + line
+    )
 
 
 def _pass_aot_mode_from_graph(tree: Tree) -> None:
@@ -582,7 +662,8 @@ def _accept_both_wrappers_in_ir(tree: Tree) -> None:
     lines[node.lineno - 1] = (
         f"{pad}from .codegen.cpp_wrapper_cpu import CppWrapperCpu\n"
         f"{pad}from .codegen.cpp_wrapper_cpu_aoti import CppWrapperCpu as AotiCppWrapperCpu\n\n"
-        f"{pad}# CPU JIT graphs use CppWrapperCpu; AOTInductor and GPUs the C-shim one.\n"
+        f"{pad}# JIT graphs: CppWrapperCpu (CppWrapperGpu derives from it); AOTInductor\n"
+        f"{pad}# and the other devices: the C-shim wrappers.\n"
         f"{pad}cpp_wrappers = (CppWrapperCpu, AotiCppWrapperCpu)"
     )
     tree.write(IR, "\n".join(lines))
@@ -616,10 +697,13 @@ def _is_codegen(target: str) -> bool:
 
 def steps(tree: Tree) -> list[Step]:
     placed = placements(tree)
+    moved = [w for w in JIT_WRAPPERS if w.path in {p.target for p in placed}]
+    modules = " and ".join(f"{w.module}.py" for w in moved)
+    devices = " and ".join(d.upper() for w in moved for d in w.devices)
     return [
         Step(
             "inductor: add the cppwrap runtime and its code cache",
-            "cpp_wrapper=True builds each CPU graph into a Python extension module.\n"
+            "cpp_wrapper=True builds each JIT graph into a Python extension module.\n"
             "What every such module needs (an owning tensor handle, error checks that\n"
             "become Python exceptions, unpacking the inputs without new handles) lives\n"
             "in a runtime extension, torch._inductor.runtime._C, built once per torch\n"
@@ -628,35 +712,40 @@ def steps(tree: Tree) -> list[Step]:
             "cppwrap_codecache.CppWrapperCodeCache builds and loads them: SHA-256\n"
             "keys over the sources and the full compile commands, a file lock per key\n"
             "with a timeout, atomic renames.  It is a new module because\n"
-            "codecache.CppWrapperCodeCache still serves the GPU and MPS C++ wrappers.\n"
+            "codecache.CppWrapperCodeCache still serves the C-shim wrappers (MPS, XPU).\n"
             "Nothing uses either yet.",
             _place(placed, lambda t: not _is_codegen(t)),
         ),
         Step(
-            "inductor: move the C-shim C++ wrapper to cpp_wrapper_cpu_aoti.py",
-            "The CppWrapperCpu of cpp_wrapper_cpu.py is what AOTInductor packages into\n"
-            "a model .so, and the base of the GPU and MPS C++ wrappers.  Move it,\n"
-            "unchanged, so that cpp_wrapper_cpu.py can hold a wrapper for JIT graphs;\n"
+            "inductor: move the C-shim C++ wrappers to *_aoti.py",
+            f"{modules} hold the C-shim C++\n"
+            "wrappers: what AOTInductor packages into a model .so, and the base of\n"
+            "the MPS, XPU and MTIA wrappers.  Move them, changing only their\n"
+            "cross-references, so that those paths can hold wrappers for JIT graphs;\n"
             "every importer follows.  No change in behaviour.",
             lambda tree: move_upstream_wrappers(tree, {p.target for p in placed}),
         ),
         Step(
-            "inductor: add a C++ wrapper codegen for JIT graphs on CPU",
+            f"inductor: add C++ wrapper codegen for JIT graphs on {devices}",
             "With cpp_wrapper=True, a JIT graph's host code becomes one C++ function\n"
             "that borrows the caller's input tensors, releases the GIL while the\n"
             "kernels run and returns Python tensors built once: the C-shim wrapper\n"
             "allocates a heap handle and a capsule per tensor per call, which makes\n"
-            "it slower than the Python wrapper on small CPU graphs.  The class keeps\n"
+            "it slower than the Python wrapper on small CPU graphs.  The classes keep\n"
             "PythonWrapperCodegen's hooks (write_*, codegen_*, make_*, generate_*);\n"
-            "C++ spellings live in small tables beside it.  Not registered yet.",
+            "C++ spellings live in small tables beside them; the CUDA wrapper adds\n"
+            "only what CUDA needs (cubins launched from C++, streams, device guard).\n"
+            "Not registered yet.",
             _place(placed, _is_codegen),
         ),
         Step(
-            "inductor: use the new C++ wrapper for JIT graphs on CPU",
-            "init_backend_registration registers cpp_wrapper_cpu.CppWrapperCpu for\n"
-            "cpu, and get_wrapper_codegen_for_device takes the graph's aot_mode so\n"
-            "that AOTInductor keeps the C-shim wrapper it packages into a .so.\n"
-            "ExternKernel.try_get_kernel_name accepts either class, since both name\n"
+            f"inductor: use the new C++ wrappers for JIT graphs on {devices}",
+            "init_backend_registration registers them for "
+            + ", ".join(d for w in moved for d in w.devices)
+            + ", and\n"
+            "get_wrapper_codegen_for_device takes the graph's aot_mode so that\n"
+            "AOTInductor keeps the C-shim wrappers it packages into a .so.\n"
+            "ExternKernel.try_get_kernel_name accepts either kind, since both name\n"
             "kernels by their C-shim functions.",
             register_jit_wrapper,
         ),
@@ -772,6 +861,7 @@ def apply_series(directory: Path, site_packages: Path, into: Path) -> None:
     """Applies every patch of the series, in order, to the files under `into`;
     a file the series touches that `into` lacks is first copied from
     `site_packages`.  Raises PatchError naming the patch that fails."""
+    directory, into = directory.resolve(), into.resolve()
     names = read_series(directory)
     for name in names:
         for path in _touched_paths((directory / name).read_text()):

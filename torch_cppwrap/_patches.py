@@ -9,25 +9,29 @@ pull request would.  ``check`` fails when the committed series is stale
 Where our files go (the layout of ``torch_cppwrap/_inductor/`` mirrors
 upstream's ``torch/_inductor/``, so most files keep their relative path):
 
-* ``_inductor/codegen/*.py`` -> ``torch/_inductor/codegen/``; our
-  ``cpp_wrapper_cpu.py`` replaces upstream's, whose C-shim wrapper (used by
-  AOTInductor and as the base of the GPU and MPS wrappers) moves, unchanged,
-  to ``cpp_wrapper_cpu_aoti.py``.
+* ``_inductor/codegen/*.py`` -> ``torch/_inductor/codegen/``.  Our
+  ``cpp_wrapper_cpu.py`` and ``cpp_wrapper_gpu.py`` replace upstream's, whose
+  C-shim wrappers (what AOTInductor packages, and the base of the MPS, XPU and
+  MTIA wrappers) move to ``cpp_wrapper_cpu_aoti.py`` and
+  ``cpp_wrapper_gpu_aoti.py`` (see ``JIT_WRAPPERS``).
 * ``_inductor/runtime/*.h|.cpp`` -> ``torch/_inductor/runtime/``, the
   package that already holds what generated code needs at run time; the
   runtime extension becomes ``torch._inductor.runtime._C``.
 * ``_inductor/codecache.py`` -> ``torch/_inductor/cppwrap_codecache.py``, a new
   module: upstream's ``codecache.py`` keeps its own ``CppWrapperCodeCache``,
-  which the GPU and MPS C++ wrappers still load their modules through, so
-  replacing or shadowing it would break them; the new module leaves
+  which the C-shim wrappers still load their JIT modules through, so
+  replacing or shadowing it would break MPS and XPU; the new module leaves
   ``codecache.py`` untouched (zero lines of diff there).
 * ``_compat.py`` -> ``torch/_inductor/cppwrap_compat.py``.
 
 Registration is done the upstream way: ``init_backend_registration`` registers
-our ``CppWrapperCpu`` for the cpu device, and ``get_wrapper_codegen_for_device``
-takes the graph's ``aot_mode`` so that AOTInductor keeps the wrapper it
-packages into a model .so (what ``CpuCppWrapperSelector`` in ``_patching.py``
-does at run time).
+our wrappers for cpu and cuda, and ``get_wrapper_codegen_for_device`` takes the
+graph's ``aot_mode`` so that AOTInductor keeps the C-shim wrappers it packages
+into a model .so (what ``_patching.py``'s selectors do at run time); the
+``try_get_kernel_name`` check in ``ir.py`` accepts both kinds.  The FX-graph
+cache needs no tag pass there: ``codecache.torch_key()`` already hashes
+torch's Python sources, ours included, and torch's version (the runtime
+headers could join its ``extra_files`` for development builds).
 
 The edits to upstream files are anchored on what they change and fail with a
 clear message when an anchor is missing, so a new torch release either

@@ -60,10 +60,14 @@ def get_original(owner: Any, name: str) -> Any:
 
 @functools.cache
 def source_fingerprint() -> str:
-    """SHA-256 of torch_cppwrap's own sources: part of every cache key."""
+    """SHA-256 of the sources that shape generated code (the _inductor tree,
+    this module and _compat): part of every FX-graph cache key.  The CLI,
+    benchmark and patch tooling are left out so editing them keeps caches."""
     root = Path(__file__).resolve().parent
+    paths = [root / "_patching.py", root / "_compat.py"]
+    paths += (root / "_inductor").rglob("*")
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
+    for path in sorted(paths):
         if path.suffix in (".py", ".h", ".cpp") and "__pycache__" not in path.parts:
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())

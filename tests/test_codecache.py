@@ -40,7 +40,9 @@ class TestCodeCache(TestCase):
     def setUp(self) -> None:
         super().setUp()
         self._tmp = tempfile.TemporaryDirectory()
-        self._env = mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": self._tmp.name})
+        self._env = mock.patch.dict(
+            os.environ, {"TORCHINDUCTOR_CACHE_DIR": self._tmp.name}
+        )
         self._env.start()
         CppWrapperCodeCache.cache_clear()
 
@@ -106,7 +108,9 @@ class TestCodeCache(TestCase):
         results = []
         with mock.patch.object(codecache, "_run_parallel", counting):
             threads = [
-                threading.Thread(target=lambda: results.append(CppWrapperCodeCache.load(source)))
+                threading.Thread(
+                    target=lambda: results.append(CppWrapperCodeCache.load(source))
+                )
                 for _ in range(3)
             ]
             for t in threads:
@@ -129,7 +133,7 @@ class TestCodeCache(TestCase):
             def build_in_thread() -> None:
                 try:
                     codecache._build_once(target, lambda d: d / "x", "a test artefact")
-                except BaseException as e:  # noqa: BLE001
+                except BaseException as e:
                     result.append(e)
 
             t = threading.Thread(target=build_in_thread)

@@ -71,7 +71,9 @@ class TestExternKernels(CppWrapperTestCase):
             return F.relu(conv(x))
 
         with torch.no_grad():
-            (source,) = self.check(fn, (torch.randn(2, 3, 16, 16),), atol=1e-4, rtol=1e-4)
+            (source,) = self.check(
+                fn, (torch.randn(2, 3, 16, 16),), atol=1e-4, rtol=1e-4
+            )
         self.assertIn("convolution", source)
 
 
@@ -108,7 +110,9 @@ class TestFallbacks(CppWrapperTestCase):
 
         @split_two.register_fake
         def _(x, n):
-            return x.new_empty(n, *x.shape[1:]), x.new_empty(x.shape[0] - n, *x.shape[1:])
+            return x.new_empty(n, *x.shape[1:]), x.new_empty(
+                x.shape[0] - n, *x.shape[1:]
+            )
 
         def fn(x):
             a, b = split_two(x * 2, 3)

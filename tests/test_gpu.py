@@ -14,7 +14,7 @@ from torch._inductor import config
 from torch._inductor.test_case import TestCase, run_tests
 from torch._inductor.utils import run_and_get_code
 
-import torch_cppwrap  # noqa: F401  (the import patches Inductor)
+import torch_cppwrap
 from torch_cppwrap._inductor.codegen.cpp_wrapper_gpu import CppWrapperGpu
 
 HAS_CUDA = torch.cuda.is_available()

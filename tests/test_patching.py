@@ -33,7 +33,9 @@ class TestPatching(TestCase):
             _patching.CpuCppWrapperSelector,
         )
         self.assertIs(inductor_codecache.CppWrapperCodeCache, CppWrapperCodeCache)
-        self.assertIs(ir.ExternKernel.try_get_kernel_name, _patching._try_get_kernel_name)
+        self.assertIs(
+            ir.ExternKernel.try_get_kernel_name, _patching._try_get_kernel_name
+        )
         tag = common.custom_backend_passes["cpu"]
         self.assertEqual(tag.uuid()[0], "torch_cppwrap")
 
@@ -46,7 +48,9 @@ class TestPatching(TestCase):
         original_cache = torch_cppwrap.get_original(
             inductor_codecache, "CppWrapperCodeCache"
         )
-        original_name = torch_cppwrap.get_original(ir.ExternKernel, "try_get_kernel_name")
+        original_name = torch_cppwrap.get_original(
+            ir.ExternKernel, "try_get_kernel_name"
+        )
         torch_cppwrap.patch()
         torch_cppwrap.patch()
         self.assert_patched()
@@ -67,7 +71,9 @@ class TestPatching(TestCase):
         )
         holders = _patching.modules_holding_code_cache(CppWrapperCodeCache)
         original_entry = _patching._registry_originals["cpu"][0]
-        original_name = torch_cppwrap.get_original(ir.ExternKernel, "try_get_kernel_name")
+        original_name = torch_cppwrap.get_original(
+            ir.ExternKernel, "try_get_kernel_name"
+        )
 
         torch_cppwrap.unpatch()
         self.assertFalse(torch_cppwrap.is_patched())
@@ -99,7 +105,9 @@ class TestPatching(TestCase):
         finally:
             torch_cppwrap.patch()
         self.assertNotIn("torch_cppwrap", source)
-        self.assertIn("from torch._inductor.codecache import CppWrapperCodeCache", source)
+        self.assertIn(
+            "from torch._inductor.codecache import CppWrapperCodeCache", source
+        )
 
     def test_aot_mode_keeps_upstream_wrapper(self) -> None:
         self.assertIs(

@@ -294,12 +294,19 @@ _PLAIN_IMPORT = re.compile(rf"^(?P<indent>[ \t]*)import {PACKAGE}[ \t]*$")
 
 
 def _map_name(dotted: str, names: dict[str, str], where: str) -> str:
-    """torch_cppwrap.a.b.C -> the longest mapped prefix, rewritten."""
+    """torch_cppwrap.a.b.C -> the longest mapped prefix, rewritten.
+
+    The package's public API (``torch_cppwrap.unpatch()``, no leading
+    underscore) has no upstream counterpart and only appears in prose and
+    messages, so it stays as it is; an unmapped private module is an error,
+    since code that imports it would break upstream."""
     parts = dotted.split(".")
     for end in range(len(parts), 1, -1):
         prefix = ".".join(parts[:end])
         if prefix in names:
             return ".".join([names[prefix], *parts[end:]])
+    if not parts[1].startswith("_"):
+        return dotted
     raise PatchError(
         f"{where}: no upstream place for {dotted}; add it to EXTRA_MODULE_NAMES "
         "in torch_cppwrap/_patches.py or stop referring to it"
@@ -357,7 +364,13 @@ def rewrite_references(text: str, names: dict[str, str], where: str) -> str:
             # the modules that those attributes now live in.
             # Inside a function, `import torch.x` would make `torch` local to
             # it, so there the import binds only a private name.
-            parents = sorted({t.rpartition(".")[0] for t in attribute_targets})
+            parents = sorted(
+                {
+                    t.rpartition(".")[0]
+                    for t in attribute_targets
+                    if not t.startswith(f"{PACKAGE}.")
+                }
+            )
             if not parents:
                 raise PatchError(f"{where}:{index + 1}: `import {PACKAGE}` with no use")
             indent = match["indent"]

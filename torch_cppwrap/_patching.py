@@ -39,9 +39,11 @@ _patched = False
 def _replace(owner: Any, name: str, value: Any) -> None:
     key = (owner, name)
     if key not in _originals:  # keep the first, true original
-        _originals[key] = owner.__dict__.get(name, _MISSING) if isinstance(
-            owner, type
-        ) else getattr(owner, name, _MISSING)
+        _originals[key] = (
+            owner.__dict__.get(name, _MISSING)
+            if isinstance(owner, type)
+            else getattr(owner, name, _MISSING)
+        )
     setattr(owner, name, value)
 
 
@@ -171,7 +173,8 @@ def _patch_registry() -> None:
             device,
             original_entry.scheduling,
             original_entry.wrapper_codegen,
-            selector,
+            # The slot only needs .create() and .supports_caching.
+            selector,  # type: ignore[arg-type]
             getattr(original_entry, "fx_wrapper_codegen", None),
             _make_cache_tag_pass(original_pass),
             original_config,
@@ -181,7 +184,9 @@ def _patch_registry() -> None:
 def _unpatch_registry() -> None:
     from torch._inductor.codegen import common
 
-    for device, (entry, custom_pass, custom_config) in list(_registry_originals.items()):
+    for device, (entry, custom_pass, custom_config) in list(
+        _registry_originals.items()
+    ):
         common.device_codegens[device] = entry
         common.custom_backend_passes[device] = custom_pass
         common.custom_backend_codegen_configs[device] = custom_config
@@ -224,6 +229,16 @@ def unpatch() -> None:
     global _patched
     with _lock:
         _unpatch_registry()
+        import torch._inductor.codecache as inductor_codecache
+
+        from torch_cppwrap._inductor.codecache import CppWrapperCodeCache
+
+        # Modules imported while patched took our class from the defining
+        # module without going through _replace; give them the original too.
+        upstream_cache = get_original(inductor_codecache, "CppWrapperCodeCache")
+        for module in modules_holding_code_cache(CppWrapperCodeCache):
+            if (module, "CppWrapperCodeCache") not in _originals:
+                module.CppWrapperCodeCache = upstream_cache
         for (owner, name), original in reversed(list(_originals.items())):
             if original is _MISSING:
                 delattr(owner, name)

@@ -42,7 +42,12 @@ from torch_cppwrap import _compat
 log = logging.getLogger(__name__)
 
 RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
-RUNTIME_HEADERS = ("cppwrap_api.h", "cppwrap_dtypes.h", "cppwrap_runtime.h", "cppwrap_cuda.h")
+RUNTIME_HEADERS = (
+    "cppwrap_api.h",
+    "cppwrap_dtypes.h",
+    "cppwrap_runtime.h",
+    "cppwrap_cuda.h",
+)
 
 # Extra (compile, link) flags of a wrapper module, by device: CUDA modules call
 # the aoti_torch_cuda_* shim, which lives in libtorch_cuda.
@@ -189,9 +194,7 @@ class BuildCommands:
     extra_inputs: list[str] = field(default_factory=list)
 
     def fingerprint(self) -> str:
-        return shlex.join(
-            [*self.wrapper, "|", *(self.kernels or []), "|", *self.link]
-        )
+        return shlex.join([*self.wrapper, "|", *(self.kernels or []), "|", *self.link])
 
 
 class _Toolchain:
@@ -211,7 +214,10 @@ class _Toolchain:
 
     def _command(self, sources: list[str], output: str, **options: object) -> list[str]:
         build_option = _compat.build_options(device_type="cpu", **options)
-        name, output_dir = os.path.splitext(os.path.basename(output))[0], os.path.dirname(output)
+        name, output_dir = (
+            os.path.splitext(os.path.basename(output))[0],
+            os.path.dirname(output),
+        )
         builder = self._cpp_builder.CppBuilder(
             name=name, sources=sources, BuildOption=build_option, output_dir=output_dir
         )
@@ -302,7 +308,9 @@ class RuntimeExtension:
         source = RUNTIME_DIR / "cppwrap_runtime_ext.cpp"
         tc = toolchain()
         probe = tc.runtime_extension(str(source), "runtime.so")
-        key = sha256_hex(_runtime_sources_digest(), shlex.join(probe), torch.__version__)
+        key = sha256_hex(
+            _runtime_sources_digest(), shlex.join(probe), torch.__version__
+        )
         target = runtime_cache_dir() / "runtime" / f"cppwrap_runtime_{key[:20]}.so"
 
         def build(tmpdir: Path) -> Path:
@@ -411,7 +419,9 @@ class CppWrapperCodeCache:
         # The commands use placeholder paths for the hash; the real ones differ
         # only in the directory.
         if device_type not in DEVICE_FLAGS:
-            raise NotImplementedError(f"torch_cppwrap: no C++ wrapper build for {device_type!r}")
+            raise NotImplementedError(
+                f"torch_cppwrap: no C++ wrapper build for {device_type!r}"
+            )
         probe = cls._commands(
             tc, Path("DIR"), "PyInit_NAME", use_kernels, pch_dir, device_type
         )
@@ -471,7 +481,10 @@ class CppWrapperCodeCache:
         objects = [wrapper_obj, kernel_obj] if use_kernels else [wrapper_obj]
         compile_flags, link_flags = DEVICE_FLAGS[device_type]
         return BuildCommands(
-            wrapper=[*tc.wrapper_compile("wrapper.cpp", wrapper_obj, init_name), *compile_flags],
+            wrapper=[
+                *tc.wrapper_compile("wrapper.cpp", wrapper_obj, init_name),
+                *compile_flags,
+            ],
             kernels=tc.kernel_compile("kernels.cpp", kernel_obj, pch_dir)
             if use_kernels
             else None,
@@ -480,7 +493,12 @@ class CppWrapperCodeCache:
 
 
 def _with_source(cmd: list[str], source: Path) -> list[str]:
-    return [str(source) if arg.endswith(("wrapper.cpp", "kernels.cpp")) and not arg.startswith("-") else arg for arg in cmd]
+    return [
+        str(source)
+        if arg.endswith(("wrapper.cpp", "kernels.cpp")) and not arg.startswith("-")
+        else arg
+        for arg in cmd
+    ]
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -23,7 +23,8 @@ def _list_push(wrapper: CppWrapperCpu, values: list[Any], element: Any) -> str:
         element.getElementType(), torch.TensorType
     ):
         items = [
-            "nullptr" if v is None else f"cppwrap::address_of({tensor_ref(v)})" for v in values
+            "nullptr" if v is None else f"cppwrap::address_of({tensor_ref(v)})"
+            for v in values
         ]
         return f".tensor_list(cppwrap::array_of<const cppwrap::Tensor*>({', '.join(items)}), true)"
     if isinstance(element, torch.TensorType):

@@ -45,7 +45,9 @@ from torch_cppwrap._inductor.codegen import cpp_spellings as spell
 from torch_cppwrap._inductor.codegen.shim_catalog import shim_function_exists
 
 CPP_PREFIX_INCLUDE = "#include <torch/csrc/inductor/cpp_prefix.h>"
-_IDENT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
+_IDENT_CHARS = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
+)
 
 
 def _is_identifier(text: str) -> bool:
@@ -109,6 +111,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
         "// runs the graph with the GIL released, and returns its outputs."
     )
     runtime_headers: tuple[str, ...] = ("cppwrap_runtime.h",)
+    # Whether Inductor's Python tuning block (Triton kernels) is part of the
+    # module; a CPU graph has none.
+    uses_triton_tuning = False
 
     def write_header(self) -> None:
         context = torch._guards.TracingContext.try_get()
@@ -136,7 +141,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.header.writeline(f"// constant {name}: {hashed}")
 
     def write_kernel_autotune_defs_header(self) -> None:
-        pass
+        if self.uses_triton_tuning:
+            super().write_kernel_autotune_defs_header()
 
     def write_prefix(self) -> None:
         inputs = self.get_graph_inputs()
@@ -149,11 +155,13 @@ class CppWrapperCpu(PythonWrapperCodegen):
             value = inputs[name]
             if isinstance(value, sympy.Expr):
                 ctype, fn = (
-                    ("int64_t", "unpack_int") if value.is_integer else ("double", "unpack_float")
+                    ("int64_t", "unpack_int")
+                    if value.is_integer
+                    else ("double", "unpack_float")
                 )
                 self.entry.writeline(f"{ctype} {name} = 0;")
-            elif isinstance(value, ir.TensorBox) or isinstance(
-                value, (ir.Buffer, ir.BaseView, ir.StorageBox)
+            elif isinstance(
+                value, (ir.TensorBox, ir.Buffer, ir.BaseView, ir.StorageBox)
             ):
                 fn = "unpack_tensor"
                 self.entry.writeline(f"cppwrap::Tensor {name};")
@@ -163,7 +171,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
                     f"{type(value).__name__} is not supported by the C++ wrapper"
                 )
             self.declared.add(name)
-            unpacks.append(f"!cppwrap::{fn}(args, {index}, {name}, {spell.string_literal(name)})")
+            unpacks.append(
+                f"!cppwrap::{fn}(args, {index}, {name}, {spell.string_literal(name)})"
+            )
         for index, unpack in enumerate(unpacks):
             first, last = index == 0, index == len(unpacks) - 1
             line = ("if (" if first else "    ") + unpack + (") {" if last else " ||")
@@ -184,7 +194,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
             code.writeline(f"static const char* const constant_names[] = {{{names}}};")
             code.writeline("static cppwrap::Tensor* constants = nullptr;")
         code.writeline("")
-        code.writeline("static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {")
+        code.writeline(
+            "static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {"
+        )
         with code.indent():
             code.splice(self.entry)
             if self.constant_names:
@@ -193,7 +205,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
                     f"{len(self.constant_names)}, constants)) return nullptr;"
                 )
                 for index, name in enumerate(self.constant_names):
-                    code.writeline(f"const cppwrap::Tensor& {name} = constants[{index}];")
+                    code.writeline(
+                        f"const cppwrap::Tensor& {name} = constants[{index}];"
+                    )
             for line in self.output_decls():
                 code.writeline(line)
             code.writeline("try {")
@@ -266,7 +280,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
 
     def codegen_input_size_asserts(self) -> None:
         for name, buf in self.get_graph_inputs().items():
-            if not isinstance(buf, ir.TensorBox) or name not in V.graph.graph_input_names:
+            if (
+                not isinstance(buf, ir.TensorBox)
+                or name not in V.graph.graph_input_names
+            ):
                 continue
             if sympy_product(buf.get_size()) == 0:
                 continue
@@ -302,7 +319,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
         return spell.initializer_list([self.codegen_sizevar(s) for s in shape])
 
     def codegen_tuple_access(self, basename: str, name: str, index: str) -> str:
-        raise NotImplementedError("torch_cppwrap: tuple outputs are unpacked at the call")
+        raise NotImplementedError(
+            "torch_cppwrap: tuple outputs are unpacked at the call"
+        )
 
     def codegen_dtype(self, dtype: torch.dtype) -> str:
         return spell.dtype_code(dtype)
@@ -361,10 +380,14 @@ class CppWrapperCpu(PythonWrapperCodegen):
 
     def make_free_by_names(self, names_to_del: list[str]) -> str:
         return " ".join(
-            f"{name}.reset();" for name in names_to_del if name not in self.virtual_buffers
+            f"{name}.reset();"
+            for name in names_to_del
+            if name not in self.virtual_buffers
         )
 
-    def codegen_exact_buffer_reuse(self, old_name: str, new_name: str, del_line: str) -> str:
+    def codegen_exact_buffer_reuse(
+        self, old_name: str, new_name: str, del_line: str
+    ) -> str:
         self.declared.add(new_name)
         if "reset" in del_line:
             return f"auto {new_name} = std::move({old_name});  // reuse"
@@ -384,7 +407,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
 
         self.declared.add(name)
         ref = view.codegen_reference()
-        self.writeline(DeferredLine(name, f"auto {name} = {self._owned(ref)};  // alias"))
+        self.writeline(
+            DeferredLine(name, f"auto {name} = {self._owned(ref)};  // alias")
+        )
 
     def make_zero_buffer(self, name: str) -> str:
         return f'cppwrap::check_shim(aoti_torch_zero_({name}.get()), "zero_");'
@@ -403,8 +428,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
         writeline: Callable[..., None],
         dtype: torch.dtype | None = None,
     ) -> str:
-        d_size, d_stride, d_offset, d_dtype, collapsible = codegen_reinterpret_view_helper(
-            data
+        d_size, d_stride, d_offset, d_dtype, collapsible = (
+            codegen_reinterpret_view_helper(data)
         )
         name = data.get_name()
         if collapsible and offset == d_offset:
@@ -458,7 +483,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
         # One include of the kernels' prelude heads the kernel source (and
         # must come first for the precompiled header to apply).
         body = "\n".join(
-            line for line in kernel_body.splitlines() if line.strip() != CPP_PREFIX_INCLUDE
+            line
+            for line in kernel_body.splitlines()
+            if line.strip() != CPP_PREFIX_INCLUDE
         )
         self.kernel_declarations.splice(f"\n{body}\n")
 
@@ -478,7 +505,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
             )
         assert arg_types is not None and len(arg_types) == len(call_args)
         args = []
-        for arg, arg_type in zip(call_args, arg_types):
+        for arg, arg_type in zip(call_args, arg_types, strict=True):
             if isinstance(arg_type, str) and "*" in arg_type:
                 args.append(f"({arg_type})({arg}.data_ptr())")
             elif isinstance(arg, sympy.Expr):
@@ -487,7 +514,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 args.append(str(arg))
         self.writeline(f"{kernel_name}({', '.join(args)});")
 
-    def write_provenance_debug_handle(self, kernel_name: str, debug_handle: int | None = None) -> None:
+    def write_provenance_debug_handle(
+        self, kernel_name: str, debug_handle: int | None = None
+    ) -> None:
         pass
 
     # ------------------------------------------------------------------
@@ -529,14 +558,18 @@ class CppWrapperCpu(PythonWrapperCodegen):
             out_arg = f"{view_name}.get()"
         self._shim_call(kernel, [out_arg, *args], kernel)
 
-    def _generate_extern_kernel_alloc_helper(self, extern_kernel: Any, args: list[str]) -> None:
+    def _generate_extern_kernel_alloc_helper(
+        self, extern_kernel: Any, args: list[str]
+    ) -> None:
         if getattr(extern_kernel, "outputs", None):
             self.generate_c_shim_fallback_kernel(extern_kernel, args)
             return
         name = extern_kernel.get_name()
         kernel = extern_kernel.get_kernel_name()
         op = extern_kernel.op_overload
-        inplace_view = isinstance(op, torch._ops.OpOverload) and torch.Tag.inplace_view in op.tags
+        inplace_view = (
+            isinstance(op, torch._ops.OpOverload) and torch.Tag.inplace_view in op.tags
+        )
         if inplace_view:
             self._shim_call(kernel, args, kernel)
             return
@@ -553,11 +586,17 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 out_name = out.get_name()
                 self.writeline(f"AtenTensorHandle {out_name}_handle = nullptr;")
                 out_args.append(f"&{out_name}_handle")
-                adopt.append(f"auto {out_name} = cppwrap::Tensor::adopt({out_name}_handle);")
+                adopt.append(
+                    f"auto {out_name} = cppwrap::Tensor::adopt({out_name}_handle);"
+                )
                 self.declared.add(out_name)
             elif isinstance(out, (int, sympy.Expr)):
                 var = f"{node.get_name()}_{index}"
-                value = cexpr(out) if isinstance(out, sympy.Expr) else spell.int_literal(out)
+                value = (
+                    cexpr(out)
+                    if isinstance(out, sympy.Expr)
+                    else spell.int_literal(out)
+                )
                 self.writeline(f"int64_t {var} = {value};")
                 out_args.append(f"&{var}")
             elif out is None:
@@ -581,7 +620,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
             if shim_fn is None or not shim_function_exists(shim_fn):
                 # Not in the shim for this device: go through the dispatcher.
                 self._generate_boxed_call(
-                    node.get_name(), op, node.export_extern_kernel_node(),
+                    node.get_name(),
+                    op,
+                    node.export_extern_kernel_node(),
                     node.outputs if node.outputs else node.mutation_outputs,
                 )
                 return
@@ -618,13 +659,13 @@ class CppWrapperCpu(PythonWrapperCodegen):
 
     def generate_index_put_fallback(self, node: Any) -> None:
         op = node.op_overload
-        indices: list[Any] = []
         valid = iter(node.inputs[2:])
-        for index in node.indices:
-            indices.append(next(valid) if index is not None else None)
+        indices = [next(valid) if index is not None else None for index in node.indices]
         x, values = node.inputs[0], node.inputs[1]
         accumulate = node.constant_args[0] if node.constant_args else False
-        self._generate_boxed_call(node.get_name(), op, [x, indices, values, accumulate], [])
+        self._generate_boxed_call(
+            node.get_name(), op, [x, indices, values, accumulate], []
+        )
 
     def _op_handle(self, op: torch._ops.OpOverload) -> str:
         key = str(op)
@@ -658,7 +699,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.writeline(f"cppwrap::BoxedCall {call}({handle}());")
         pushes = [
             push_argument(self, value, arg.real_type)
-            for arg, value in zip(op._schema.arguments, raw_args)
+            for arg, value in zip(op._schema.arguments, raw_args, strict=True)
         ]
         self.writeline(f"{call}{''.join(pushes)}.run();")
         returns = op._schema.returns
@@ -667,8 +708,11 @@ class CppWrapperCpu(PythonWrapperCodegen):
         flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
         if len(returns) == 1 and not isinstance(returns[0].real_type, torch.ListType):
             flat = [flat[0]] if flat else []
-        for index, (ret, out) in enumerate(zip(returns, flat)):
-            if isinstance(ret.real_type, torch.ListType) and isinstance(out, (list, tuple)):
+        # A mutating op may return fewer outputs than its schema names.
+        for index, (ret, out) in enumerate(zip(returns, flat, strict=False)):
+            if isinstance(ret.real_type, torch.ListType) and isinstance(
+                out, (list, tuple)
+            ):
                 for j, item in enumerate(out):
                     self._read_result(call, index, item, j)
             else:
@@ -678,7 +722,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
         if out is None:
             return
         if isinstance(out, (list, tuple)):
-            raise NotImplementedError("torch_cppwrap: nested list results are not supported")
+            raise NotImplementedError(
+                "torch_cppwrap: nested list results are not supported"
+            )
         if isinstance(out, ir.MutationOutput):
             return  # the op wrote into an existing buffer
         name = out if isinstance(out, str) else out.get_name()
@@ -701,12 +747,16 @@ class CppWrapperCpu(PythonWrapperCodegen):
             f'cppwrap::check_shim(aoti_torch_copy_({dst}.get(), {handle}, {flag}), "copy_");'
         )
 
-    def write_assert_size_stride(self, name: str, size: str, stride: str, op_name: str) -> None:
+    def write_assert_size_stride(
+        self, name: str, size: str, stride: str, op_name: str
+    ) -> None:
         self.writeline(
             f"cppwrap::assert_size_stride({name}, {size}, {stride}, {spell.string_literal(op_name or name)});"
         )
 
-    def _codegen_assert_size_stride(self, code: Any, name: str, size: str, stride: str, op_name: str) -> None:
+    def _codegen_assert_size_stride(
+        self, code: Any, name: str, size: str, stride: str, op_name: str
+    ) -> None:
         code.writeline(
             f"cppwrap::assert_size_stride({name}, {size}, {stride}, {spell.string_literal(op_name or name)});"
         )
@@ -744,7 +794,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
     def generate_return(self, output_refs: list[str]) -> None:
         seen: dict[str, int] = {}
         constants = set(self.constant_names)
-        for index, (ref, node) in enumerate(zip(output_refs, V.graph.graph_outputs)):
+        outputs = zip(output_refs, V.graph.graph_outputs, strict=True)
+        for index, (ref, node) in enumerate(outputs):
             if isinstance(node, ir.NoneAsConstantBuffer) or ref == "nullptr":
                 self.output_kinds.append("none")
                 continue
@@ -768,7 +819,11 @@ class CppWrapperCpu(PythonWrapperCodegen):
     def generate_before_suffix(self, result: IndentedBuffer) -> None:
         items = []
         for index, kind in enumerate(self.output_kinds):
-            items.append("cppwrap::output_none()" if kind == "none" else f"cppwrap::output(out{index})")
+            items.append(
+                "cppwrap::output_none()"
+                if kind == "none"
+                else f"cppwrap::output(out{index})"
+            )
         n = len(items)
         packed = ", ".join(items)
         result.writeline("    } catch (...) {")
@@ -777,7 +832,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
         result.writeline(f"    return cppwrap::pack_outputs<{n}>({{{packed}}});")
         result.writeline("}")
         result.writeline("")
-        result.writeline('CPPWRAP_DEFINE_MODULE("Inductor graph compiled by torch_cppwrap")')
+        result.writeline(
+            'CPPWRAP_DEFINE_MODULE("Inductor graph compiled by torch_cppwrap")'
+        )
 
     def generate_end(self, result: IndentedBuffer) -> None:
         result.writeline("'''")
@@ -812,17 +869,22 @@ class CppWrapperCpu(PythonWrapperCodegen):
     def write_async_compile_wait(self) -> None:
         pass
 
-    def write_triton_header_once(self) -> None:
-        pass
+    def write_triton_header_once(self) -> None:  # type: ignore[override]
+        if self.uses_triton_tuning:
+            super().write_triton_header_once()
 
-    def codegen_device_guard_enter(self, device_idx: int) -> None:
+    def codegen_device_guard_enter(
+        self, device_idx: int, *args: Any, **kwargs: Any
+    ) -> None:
         pass
 
     def codegen_device_guard_exit(self) -> None:
         pass
 
     def generate_profiler_mark_wrapper_call(self, stack: Any) -> None:
-        self.wrapper_call.writeline('cppwrap::RecordScope record_call("## Call CompiledFxGraph (C++) ##");')
+        self.wrapper_call.writeline(
+            'cppwrap::RecordScope record_call("## Call CompiledFxGraph (C++) ##");'
+        )
 
 
 class _MultiOutputCheck(WrapperLine):

@@ -382,14 +382,7 @@ class CppWrapperGpu(CppWrapperCpu):
         "// released, and returns its outputs."
     )
     runtime_headers = ("cppwrap_runtime.h", "cppwrap_cuda.h")
-
-    # Inductor's tuning block (PythonWrapperCodegen) needs these; the CPU
-    # wrapper turns them off.
-    def write_kernel_autotune_defs_header(self) -> None:
-        PythonWrapperCodegen.write_kernel_autotune_defs_header(self)
-
-    def write_triton_header_once(self) -> None:
-        PythonWrapperCodegen.write_triton_header_once(self)
+    uses_triton_tuning = True
 
     def write_get_raw_stream(self, device_idx: int, graph_name: str) -> str:
         # Memoised per (device, graph) by PythonWrapperCodegen.__init__.
@@ -397,7 +390,9 @@ class CppWrapperGpu(CppWrapperCpu):
         self.writeline(f"void* {name} = cppwrap::cuda::current_stream({device_idx});")
         return name
 
-    def codegen_device_guard_enter(self, device_idx: int) -> None:
+    def codegen_device_guard_enter(
+        self, device_idx: int, *args: Any, **kwargs: Any
+    ) -> None:
         if self.last_seen_device_guard_index is None:
             self.writeline(f"cppwrap::cuda::DeviceGuard device_guard({device_idx});")
         elif self.last_seen_device_guard_index != device_idx:

@@ -98,7 +98,9 @@ def shim_argument(wrapper: CppWrapperCpu, val: Any, type_: Any = None) -> str:
     if val is None:
         if isinstance(type_, torch.TensorType):
             return "cppwrap::undefined_tensor().get()"
-        inner = type_.getElementType() if isinstance(type_, torch.OptionalType) else None
+        inner = (
+            type_.getElementType() if isinstance(type_, torch.OptionalType) else None
+        )
         if isinstance(inner, (torch.DeviceObjType, torch.ListType, torch.TupleType)):
             return "nullptr, 0"
         return "nullptr"
@@ -117,7 +119,9 @@ def shim_argument(wrapper: CppWrapperCpu, val: Any, type_: Any = None) -> str:
 
     if isinstance(type_, (torch.ListType, torch.TupleType)):
         if not isinstance(val, (list, tuple)):
-            raise NotImplementedError(f"torch_cppwrap: {val!r} is not a list for {type_}")
+            raise NotImplementedError(
+                f"torch_cppwrap: {val!r} is not a list for {type_}"
+            )
         if len(val) == 0:
             return "nullptr, 0"
         element = type_.getElementType()

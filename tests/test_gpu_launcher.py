@@ -126,7 +126,7 @@ class TestLauncherCompiles(TestCase):
             )
             (Path(tmp) / "wrapper.cpp").write_text(source)
             cmds = codecache.CppWrapperCodeCache._commands(
-                codecache.toolchain(), Path(tmp), "PyInit_launcher_test", False, None, "cuda"
+                codecache.toolchain(), Path(tmp), False, (None, None), "cuda"
             )
             self.assertIn("-DUSE_CUDA", cmds.wrapper)
             self.assertIn("-ltorch_cuda", cmds.link)

@@ -588,13 +588,7 @@ def prepare_torch_cppwrap() -> None:
     except ImportError as e:  # pragma: no cover - broken install
         progress(f"note: could not prepare torch_cppwrap's runtime ({e})")
         return
-    for name, method in (
-        ("RuntimeExtension", "load"),
-        ("PrecompiledPrefix", "directory"),
-    ):
-        builder = getattr(getattr(codecache, name, None), method, None)
-        if builder is not None:
-            builder()
+    codecache.prepare_runtime()
 
 
 def _merge(

@@ -227,13 +227,17 @@ class _Toolchain:
             cmd[cmd.index("-o") + 1] = output
         return cmd
 
-    def wrapper_compile(self, source: str, obj: str, init_name: str) -> list[str]:
+    def wrapper_compile(
+        self, source: str, obj: str, pch_dir: str | None = None
+    ) -> list[str]:
         from torch._inductor.cpu_vec_isa import invalid_vec_isa
 
         cmd = self._command(
             [source], obj, vec_isa=invalid_vec_isa, compile_only=True, min_optimize=True
         )
-        return [*cmd, self.runtime_include, f"-DCPPWRAP_MODULE_INIT={init_name}"]
+        if pch_dir is not None:
+            cmd.append(f"-I{pch_dir}")  # searched before the runtime directory
+        return [*cmd, self.runtime_include]
 
     def kernel_compile(self, source: str, obj: str, pch_dir: str | None) -> list[str]:
         cmd = self._command([source], obj, vec_isa=self.vec_isa, compile_only=True)
@@ -243,11 +247,13 @@ class _Toolchain:
             cmd.insert(1, f"-I{pch_dir}")
         return cmd
 
-    def pch_compile(self, header: str, gch: str) -> list[str]:
-        cmd = self._command([header], gch, vec_isa=self.vec_isa, compile_only=True)
-        idx = cmd.index(header)
+    @staticmethod
+    def pch_compile(compile_cmd: list[str], header: str, gch: str) -> list[str]:
+        """The command that precompiles `header` with the flags of
+        `compile_cmd`, a compile of the placeholder source "SRC" to "OUT"."""
+        cmd = [gch if arg == "OUT" else arg for arg in compile_cmd if arg != "-c"]
+        idx = cmd.index("SRC")
         cmd[idx : idx + 1] = ["-x", "c++-header", header]
-        cmd.remove("-c")
         return cmd
 
     def link(self, objects: list[str], output: str) -> list[str]:
@@ -262,9 +268,6 @@ class _Toolchain:
             [source], output, vec_isa=invalid_vec_isa, include_pytorch=True
         )
         return [*cmd, self.runtime_include]
-
-    def fingerprint(self) -> str:
-        return shlex.join(self.kernel_compile("k.cpp", "k.o", None))
 
 
 _toolchain_lock = threading.Lock()
@@ -333,42 +336,65 @@ class RuntimeExtension:
         return module
 
 
-class PrecompiledPrefix:
-    """A precompiled cpp_prefix.h for the kernels' translation unit."""
+_pch_lock = threading.Lock()
+_pch_dirs: dict[str, str | None] = {}
 
-    _dir: str | None = None
-    _lock = threading.Lock()
 
-    @classmethod
-    def directory(cls) -> str | None:
-        if os.environ.get("TORCH_CPPWRAP_NO_PCH") == "1" or not _is_gcc():
-            return None
-        with cls._lock:
-            if cls._dir is None:
-                cls._dir = cls._build()
-        return cls._dir
-
-    @classmethod
-    def _build(cls) -> str:
-        tc = toolchain()
-        include_root = Path(torch.__file__).resolve().parent / "include"
-        header = include_root / CPP_PREFIX_INCLUDE
-        key = sha256_hex(header.read_bytes(), tc.fingerprint(), torch.__version__)
+def precompiled_header_dir(
+    header: Path, include_name: str, compile_cmd: list[str], digest: str
+) -> str | None:
+    """A directory holding `include_name`.gch, `header` precompiled with the
+    flags of `compile_cmd` (a compile of "SRC" to "OUT"); built once per torch
+    version and flag set into torch_cppwrap's own cache.  Listed with -I
+    before the header's real directory, it lets gcc skip parsing the header
+    when the flags match (and fall back to the header when they don't)."""
+    if os.environ.get("TORCH_CPPWRAP_NO_PCH") == "1" or not _is_gcc():
+        return None
+    key = sha256_hex(digest, shlex.join(compile_cmd), torch.__version__)
+    with _pch_lock:
+        if key in _pch_dirs:
+            return _pch_dirs[key]
         pch_root = runtime_cache_dir() / "pch" / key[:20]
-        target = pch_root / (CPP_PREFIX_INCLUDE + ".gch")
+        target = pch_root / (include_name + ".gch")
+        what = f"the precompiled {Path(include_name).name}"
 
         def build(tmpdir: Path) -> Path:
-            out = tmpdir / "cpp_prefix.h.gch"
+            out = tmpdir / "header.gch"
             print(
-                "torch_cppwrap: precompiling cpp_prefix.h (once per torch version)...",
+                f"torch_cppwrap: building {what} (once per torch version)...",
                 file=sys.stderr,
                 flush=True,
             )
-            _run(tc.pch_compile(str(header), str(out)), str(header), str(tmpdir))
+            cmd = _Toolchain.pch_compile(compile_cmd, str(header), str(out))
+            _run(cmd, str(header), str(tmpdir))
             return out
 
-        _build_once(target, build, "the precompiled cpp_prefix.h")
+        _build_once(target, build, what)
+        _pch_dirs[key] = str(pch_root)
         return str(pch_root)
+
+
+def kernel_prefix_pch(tc: _Toolchain) -> str | None:
+    """cpp_prefix.h, which heads every kernel translation unit."""
+    header = Path(torch.__file__).resolve().parent / "include" / CPP_PREFIX_INCLUDE
+    return precompiled_header_dir(
+        header,
+        CPP_PREFIX_INCLUDE,
+        tc.kernel_compile("SRC", "OUT", None),
+        sha256_hex(header.read_bytes()),
+    )
+
+
+def wrapper_runtime_pch(tc: _Toolchain, device_type: str) -> str | None:
+    """cppwrap_runtime.h (with Python.h and the C shim), which heads every
+    wrapper translation unit: nearly all of its compile time."""
+    compile_flags, _ = DEVICE_FLAGS[device_type]
+    return precompiled_header_dir(
+        RUNTIME_DIR / "cppwrap_runtime.h",
+        "cppwrap_runtime.h",
+        [*tc.wrapper_compile("SRC", "OUT"), *compile_flags],
+        _runtime_sources_digest(),
+    )
 
 
 def _is_gcc() -> bool:
@@ -378,6 +404,17 @@ def _is_gcc() -> bool:
         return bool(cpp_builder.is_gcc())
     except Exception:  # pragma: no cover - compiler probing failed
         return False
+
+
+def prepare_runtime(device_type: str = "cpu") -> None:
+    """Builds everything torch_cppwrap builds once per torch version (the
+    runtime extension and the precompiled headers), so that no graph's first
+    compile pays for it."""
+    RuntimeExtension.load()
+    tc = toolchain()
+    wrapper_runtime_pch(tc, device_type)
+    if device_type == "cpu":
+        kernel_prefix_pch(tc)
 
 
 class CppWrapperCodeCache:
@@ -411,20 +448,21 @@ class CppWrapperCodeCache:
         device_type: str = "cpu",
     ) -> ModuleType:
         """Returns the extension module built from the two sources."""
-        RuntimeExtension.load()
-        tc = toolchain()
-        use_kernels = bool(kernel_source.strip())
-        pch_dir = PrecompiledPrefix.directory() if use_kernels else None
-
-        # The commands use placeholder paths for the hash; the real ones differ
-        # only in the directory.
         if device_type not in DEVICE_FLAGS:
             raise NotImplementedError(
                 f"torch_cppwrap: no C++ wrapper build for {device_type!r}"
             )
-        probe = cls._commands(
-            tc, Path("DIR"), "PyInit_NAME", use_kernels, pch_dir, device_type
+        RuntimeExtension.load()
+        tc = toolchain()
+        use_kernels = bool(kernel_source.strip())
+        pch_dirs = (
+            wrapper_runtime_pch(tc, device_type),
+            kernel_prefix_pch(tc) if use_kernels else None,
         )
+
+        # The commands use placeholder paths for the hash; the real ones differ
+        # only in the directory.
+        probe = cls._commands(tc, Path("DIR"), use_kernels, pch_dirs, device_type)
         key = sha256_hex(
             wrapper_source,
             kernel_source,
@@ -448,9 +486,7 @@ class CppWrapperCodeCache:
             _write_atomic(wrapper_path, wrapper_source)
             if use_kernels:
                 _write_atomic(kernel_path, kernel_source)
-            cmds = cls._commands(
-                tc, tmpdir, f"PyInit_{module_name}", use_kernels, pch_dir, device_type
-            )
+            cmds = cls._commands(tc, tmpdir, use_kernels, pch_dirs, device_type)
             jobs: list[tuple[Sequence[str], str]] = [
                 (_with_source(cmds.wrapper, wrapper_path), str(wrapper_path))
             ]
@@ -461,7 +497,9 @@ class CppWrapperCodeCache:
             return tmpdir / "module.so"
 
         _build_once(target, build, f"wrapper module {module_name}")
-        module = _load_extension(module_name, target)
+        # Every wrapper module's initialiser is PyInit_cppwrap_graph (a fixed
+        # name keeps the precompiled header valid); the path tells them apart.
+        module = _load_extension("cppwrap_graph", target)
         module.__cppwrap_source_dir__ = str(key_dir)  # type: ignore[attr-defined]
         with cls._lock:
             cls.cache[key] = module
@@ -471,21 +509,22 @@ class CppWrapperCodeCache:
     def _commands(
         tc: _Toolchain,
         tmpdir: Path,
-        init_name: str,
         use_kernels: bool,
-        pch_dir: str | None,
+        pch_dirs: tuple[str | None, str | None] = (None, None),
         device_type: str = "cpu",
     ) -> BuildCommands:
+        """Compile and link commands; `pch_dirs` holds the precompiled-header
+        directories of the wrapper and the kernel translation units."""
         wrapper_obj = str(tmpdir / "wrapper.o")
         kernel_obj = str(tmpdir / "kernels.o")
         objects = [wrapper_obj, kernel_obj] if use_kernels else [wrapper_obj]
         compile_flags, link_flags = DEVICE_FLAGS[device_type]
         return BuildCommands(
             wrapper=[
-                *tc.wrapper_compile("wrapper.cpp", wrapper_obj, init_name),
+                *tc.wrapper_compile("wrapper.cpp", wrapper_obj, pch_dirs[0]),
                 *compile_flags,
             ],
-            kernels=tc.kernel_compile("kernels.cpp", kernel_obj, pch_dir)
+            kernels=tc.kernel_compile("kernels.cpp", kernel_obj, pch_dirs[1])
             if use_kernels
             else None,
             link=[*tc.link(objects, str(tmpdir / "module.so")), *link_flags],

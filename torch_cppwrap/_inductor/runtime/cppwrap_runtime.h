@@ -591,8 +591,9 @@ inline bool import_api() {
   }
 
 // Defines the module's initialiser and a `call(args: list)` method backed by
-// `call_impl`.  CPPWRAP_MODULE_INIT is set on the command line to the module's
-// PyInit_ name, which is derived from its content hash.
+// `call_impl`.  Every wrapper module has the same PyInit_ name (the loader
+// tells them apart by path), so nothing module-specific is defined on the
+// command line and the precompiled header stays valid.
 #define CPPWRAP_DEFINE_MODULE(doc)                                              \
   static PyMethodDef cppwrap_methods[] = {                                      \
       {"call", (PyCFunction)call_impl, METH_O, "Run the compiled graph."},      \
@@ -601,7 +602,7 @@ inline bool import_api() {
       {nullptr, nullptr, 0, nullptr}};                                          \
   static PyModuleDef cppwrap_module_def = {                                     \
       PyModuleDef_HEAD_INIT, "cppwrap_graph", doc, -1, cppwrap_methods};        \
-  PyMODINIT_FUNC CPPWRAP_MODULE_INIT(void) {                                    \
+  PyMODINIT_FUNC PyInit_cppwrap_graph(void) {                                   \
     if (!cppwrap::import_api()) {                                               \
       return nullptr;                                                           \
     }                                                                           \

@@ -313,7 +313,9 @@ class TestRegistration(TestCase):
         self.assertIs(entry.cpp_wrapper_codegen, _patching.CudaCppWrapperSelector)
         original = _patching._registry_originals["cuda"][0]
         self.assertIs(entry.scheduling, original.scheduling)
-        self.assertIs(_patching.CudaCppWrapperSelector.displaced, original.cpp_wrapper_codegen)
+        self.assertIs(
+            _patching.CudaCppWrapperSelector.displaced, original.cpp_wrapper_codegen
+        )
         torch_cppwrap.unpatch()
         try:
             self.assertIs(common.device_codegens["cuda"], original)

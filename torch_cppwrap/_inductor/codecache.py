@@ -483,9 +483,9 @@ class CppWrapperCodeCache:
         def build(tmpdir: Path) -> Path:
             wrapper_path = key_dir / "wrapper.cpp"
             kernel_path = key_dir / "kernels.cpp"
-            _write_atomic(wrapper_path, wrapper_source)
+            write_atomic(wrapper_path, wrapper_source)
             if use_kernels:
-                _write_atomic(kernel_path, kernel_source)
+                write_atomic(kernel_path, kernel_source)
             cmds = cls._commands(tc, tmpdir, use_kernels, pch_dirs, device_type)
             jobs: list[tuple[Sequence[str], str]] = [
                 (_with_source(cmds.wrapper, wrapper_path), str(wrapper_path))
@@ -540,9 +540,11 @@ def _with_source(cmd: list[str], source: Path) -> list[str]:
     ]
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, content: str | bytes) -> None:
+    """Writes `path` through a temporary file and a rename, so readers see
+    the old content or the new, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
+    with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
+        f.write(content)
     os.replace(tmp, path)

@@ -81,8 +81,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.move_end = ")"
         self.supports_intermediate_hooks = False
 
-    @staticmethod
+    @classmethod
     def create(
+        cls,
         is_subgraph: bool,
         subgraph_name: str | None,
         parent_wrapper: PythonWrapperCodegen | None,
@@ -98,7 +99,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
             raise NotImplementedError(
                 "torch_cppwrap: graph partitions are not supported by the C++ wrapper"
             )
-        return CppWrapperCpu()
+        return cls()
 
     # ------------------------------------------------------------------
     # sections

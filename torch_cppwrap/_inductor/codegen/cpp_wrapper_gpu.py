@@ -39,9 +39,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -164,20 +162,12 @@ class LaunchSignature:
     metadata: str = ""
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def store_cubin(data: bytes) -> Path:
     """Writes a cubin into the graph cache, named by its content."""
     digest = hashlib.sha256(data).hexdigest()
     path = codecache.graph_cache_dir() / "cubin" / digest[:2] / f"{digest}.cubin"
     if not path.exists():
-        _atomic_write_bytes(path, data)
+        codecache.write_atomic(path, data)
     return path
 
 
@@ -352,25 +342,6 @@ class CppWrapperGpu(CppWrapperCpu):
         self.kernel_metadata: dict[str, str] = {}
         self.symbolic_call_args: set[str] = set()
         super().__init__()
-
-    @staticmethod
-    def create(
-        is_subgraph: bool,
-        subgraph_name: str | None,
-        parent_wrapper: PythonWrapperCodegen | None,
-        partition_signatures: Any = None,
-    ) -> CppWrapperGpu:
-        if is_subgraph:
-            raise NotImplementedError(
-                "torch_cppwrap: subgraphs (torch.cond, torch.while_loop, "
-                "invoke_subgraph) are not supported by the C++ wrapper yet; "
-                "compile without cpp_wrapper=True for this model"
-            )
-        if partition_signatures is not None:
-            raise NotImplementedError(
-                "torch_cppwrap: graph partitions are not supported by the C++ wrapper"
-            )
-        return CppWrapperGpu()
 
     # ------------------------------------------------------------------
     # sections

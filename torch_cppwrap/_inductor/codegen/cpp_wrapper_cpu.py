@@ -229,7 +229,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
         name: str,
         value: Any,
         bound_vars: OrderedSet[sympy.Symbol],
+        deferred_symbol_assignments: Any = None,
     ) -> None:
+        # torch >= 2.14 passes a list for assignments to retry once more
+        # symbols are bound; we bind what a dimension determines directly.
         code = self.prefix
 
         @functools.cache

@@ -147,6 +147,13 @@ class TestOps(CppWrapperTestCase):
                 ),
             )
 
+    def test_tensor_list_result(self) -> None:
+        def fn(x):
+            hist, edges = torch.histogramdd(x, bins=[3, 4])
+            return hist, edges[0] + 1, edges[1]
+
+        self.check(fn, (torch.rand(20, 2),))
+
     def test_attention(self) -> None:
         mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
 

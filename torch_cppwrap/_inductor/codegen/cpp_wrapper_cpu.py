@@ -709,18 +709,23 @@ class CppWrapperCpu(PythonWrapperCodegen):
         returns = op._schema.returns
         if not returns:
             return
-        flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-        if len(returns) == 1 and not isinstance(returns[0].real_type, torch.ListType):
-            flat = [flat[0]] if flat else []
-        # A mutating op may return fewer outputs than its schema names.
-        for index, (ret, out) in enumerate(zip(returns, flat, strict=False)):
-            if isinstance(ret.real_type, torch.ListType) and isinstance(
-                out, (list, tuple)
-            ):
-                for j, item in enumerate(out):
-                    self._read_result(call, index, item, j)
-            else:
-                self._read_result(call, index, out, -1)
+        for out in _flatten(outputs):
+            if isinstance(out, ir.MultiOutput):
+                # Its indices say where it sits: (tuple, i) picks the i-th
+                # return, (list, j) the j-th element of a Tensor[] return.
+                path = [(kind, i) for kind, i in out.indices]
+                if path and issubclass(path[0][0], tuple):
+                    index, rest = path[0][1], path[1:]
+                else:
+                    index, rest = 0, path
+                j = rest[0][1] if rest else -1
+                if len(rest) > 1:
+                    raise NotImplementedError(
+                        f"torch_cppwrap: result {out.get_name()} of {op} is nested too deep"
+                    )
+                self._read_result(call, index, out, j)
+            elif len(returns) == 1:
+                self._read_result(call, 0, out, -1)
 
     def _read_result(self, call: str, index: int, out: Any, j: int) -> None:
         if out is None:
@@ -889,6 +894,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.wrapper_call.writeline(
             'cppwrap::RecordScope record_call("## Call CompiledFxGraph (C++) ##");'
         )
+
+
+def _flatten(values: Any) -> list[Any]:
+    if isinstance(values, (list, tuple)):
+        return [item for value in values for item in _flatten(value)]
+    return [values]
 
 
 class _MultiOutputCheck(WrapperLine):

@@ -147,6 +147,15 @@ class TestOps(CppWrapperTestCase):
                 ),
             )
 
+    def test_fft_of_real_input(self) -> None:
+        # fft2 of a real tensor first copies it into a complex intermediate
+        # buffer: a device copy whose destination is a buffer, not an output.
+        def fn(x):
+            return torch.fft.fft2(x), torch.fft.irfft(torch.fft.rfft(x), n=6)
+
+        sources = self.check(fn, (torch.randn(4, 6),), atol=1e-5, rtol=1e-5)
+        self.assertIn("aoti_torch_copy_(buf", "".join(sources))
+
     def test_tensor_list_result(self) -> None:
         def fn(x):
             hist, edges = torch.histogramdd(x, bins=[3, 4])

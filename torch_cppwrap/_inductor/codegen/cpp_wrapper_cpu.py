@@ -748,12 +748,15 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.writeline(_MultiOutputCheck(self, node))
 
     def codegen_device_copy(self, src: str, dst: str, non_blocking: Any) -> None:
-        # DeviceCopy passes `src` (and the flag) through val_to_arg_str, so it
-        # may already be a shim handle.
-        handle = src if src.endswith(".get()") else f"{src}.get()"
+        # DeviceCopy passes `src`, `dst` and the flag through val_to_arg_str,
+        # so either tensor may already be spelled as a shim handle.
+        def handle(name: str) -> str:
+            return name if name.endswith(".get()") else f"{name}.get()"
+
         flag = "1" if str(non_blocking) in ("True", "true", "1") else "0"
         self.writeline(
-            f'cppwrap::check_shim(aoti_torch_copy_({dst}.get(), {handle}, {flag}), "copy_");'
+            f"cppwrap::check_shim(aoti_torch_copy_({handle(dst)}, {handle(src)}, {flag}), "
+            '"copy_");'
         )
 
     def write_assert_size_stride(

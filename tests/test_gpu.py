@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 import unittest
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -250,6 +251,136 @@ class TestExternKernels(CudaWrapperTestCase):
                 model, (torch.randn(32, 256, device="cuda"),), atol=1e-2, rtol=1e-2
             )
         self.assertRegex(source, r"aoti_torch_cuda_(mm|addmm)_out")
+
+
+class TestCudaGraphReplay(CudaWrapperTestCase):
+    """A graph of CUDA tensors with fixed shapes is captured on its second call
+    and replayed as one CUDA graph from the third (cppwrap::cuda::GraphReplay)."""
+
+    def compile_module(
+        self, fn: Callable[..., Any], args: Sequence[Any]
+    ) -> tuple[Callable[..., Any], Any, str]:
+        """Compiles `fn` and makes its first call; returns the compiled
+        function, its wrapper module and the module's source."""
+        from torch._inductor.codecache import PyCodeCache
+
+        compiled = torch.compile(fn)
+        before = len(PyCodeCache.modules)
+        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            _, (source,) = run_and_get_code(compiled, *args)
+        self.assertIn("from torch_cppwrap._inductor.codecache import", source)
+        (module,) = [m for m in PyCodeCache.modules[before:] if hasattr(m, "call")]
+        return compiled, module._module, source
+
+    def test_mlp_is_replayed_and_matches_eager(self) -> None:
+        model = mlp(depth=4).cuda().eval()
+        x = torch.randn(32, 256, device="cuda")
+        with torch.no_grad():
+            compiled, module, source = self.compile_module(model, (x,))
+            self.assertIn("static cppwrap::cuda::GraphReplay cuda_graph(", source)
+            # The compile ran call 1; call 2 captures.
+            self.assertEqual(module.cuda_graph_state(), "capture")
+            outs = []
+            for _ in range(4):
+                x.copy_(torch.randn(32, 256, device="cuda"))
+                outs.append((compiled(x), model(x)))
+            self.assertEqual(module.cuda_graph_state(), "ready")
+            # Every call's result is its own: later replays did not overwrite it.
+            for actual, expected in outs:
+                self.assertEqual(actual, expected, atol=1e-3, rtol=1e-3)
+
+    def test_input_at_a_new_address_each_call_is_copied_in(self) -> None:
+        model = mlp(depth=3).cuda().eval()
+        with torch.no_grad():
+            compiled, module, _ = self.compile_module(
+                model, (torch.randn(32, 256, device="cuda"),)
+            )
+            for _ in range(5):
+                x = torch.randn(32, 256, device="cuda")
+                self.assertEqual(compiled(x), model(x), atol=1e-3, rtol=1e-3)
+            self.assertEqual(module.cuda_graph_state(), "ready")
+
+    def test_replaced_parameters_are_recaptured(self) -> None:
+        def fn(x, w1, w2):
+            return torch.relu(x @ w1) @ w2 + 1
+
+        args = [torch.randn(16, 32, device="cuda") for _ in range(3)]
+        args[1], args[2] = (
+            torch.randn(32, 32, device="cuda"),
+            torch.randn(32, 8, device="cuda"),
+        )
+        compiled, module, _ = self.compile_module(fn, args)
+        for step in range(6):
+            if step == 2:  # new weights at new addresses from here on
+                args = [args[0], args[1].clone(), args[2].clone() * 2]
+            self.assertEqual(compiled(*args), fn(*args), atol=1e-3, rtol=1e-3)
+        self.assertEqual(module.cuda_graph_state(), "ready")
+
+    def test_other_stream_and_threads(self) -> None:
+        model = mlp(depth=2).cuda().eval()
+        x = torch.randn(32, 256, device="cuda")
+        with torch.no_grad():
+            compiled, _, _ = self.compile_module(model, (x,))
+            expected = model(x)
+            for _ in range(3):
+                compiled(x)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = compiled(x)
+            torch.cuda.current_stream().wait_stream(side)
+            self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
+            results: list[torch.Tensor] = []
+
+            errors: list[BaseException] = []
+
+            def worker() -> None:
+                try:
+                    with torch.no_grad():  # grad mode is per thread
+                        results.extend(compiled(x) for _ in range(20))
+                except BaseException as e:
+                    errors.append(e)
+
+            threads = [threading.Thread(target=worker) for _ in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            torch.cuda.synchronize()
+            self.assertEqual(errors, [])
+            self.assertEqual(len(results), 40)
+            for out in results:
+                self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
+
+    def test_switched_off_by_the_environment(self) -> None:
+        model = mlp(depth=2).cuda().eval()
+        x = torch.randn(32, 256, device="cuda")
+        with (
+            torch.no_grad(),
+            mock.patch.dict("os.environ", {"TORCH_CPPWRAP_CUDA_GRAPHS": "0"}),
+        ):
+            compiled, module, _ = self.compile_module(model, (x,))
+            for _ in range(3):
+                self.assertEqual(compiled(x), model(x), atol=1e-3, rtol=1e-3)
+            self.assertEqual(module.cuda_graph_state(), "off")
+
+    def test_graphs_that_cannot_be_replayed_launch_kernel_by_kernel(self) -> None:
+        def mutates(x, y):
+            x.add_(1)
+            return (x @ y).relu() + y.sum()
+
+        def draws(x, y):
+            return (x @ y).relu() + torch.rand_like(x)
+
+        for fn in (mutates,):
+            args = (torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))
+            (source,) = self.check(fn, args, atol=1e-3, rtol=1e-3)
+            self.assertNotIn("GraphReplay", source)
+        torch._dynamo.reset()
+        _, (source,) = self.compile_and_run(
+            draws, (torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))
+        )
+        self.assertNotIn("GraphReplay", source)
 
 
 class TestDevices(CudaWrapperTestCase):

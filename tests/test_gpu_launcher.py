@@ -136,6 +136,56 @@ class TestLauncherCompiles(TestCase):
             self.assertEqual(proc.returncode, 0, proc.stdout.decode(errors="replace"))
             self.assertIn(FAKE_CUBIN, (Path(tmp) / "wrapper.o").read_bytes())
 
+    def test_module_replayed_as_a_cuda_graph_compiles(self) -> None:
+        # The entry point CppWrapperGpu writes for a graph it may replay as one
+        # CUDA graph, around a stand-in body, built against our headers.
+        wrapper = object.__new__(gpu.CppWrapperGpu)
+        wrapper.__dict__["cuda_graph_blocker"] = None
+        wrapper.output_kinds = ["tensor"]
+        wrapper.get_graph_input_names = lambda: ["arg0_1", "arg1_1"]  # type: ignore[method-assign]
+        opening = wrapper.call_opening()
+        body_opening = wrapper.body_opening()
+        self.assertIn("static cppwrap::cuda::GraphReplay cuda_graph(2, 1);", opening)
+        self.assertIn(
+            "if (!(replayable && cuda_graph.replay(graph_inputs, graph_outputs))) {",
+            body_opening,
+        )
+        source = "\n".join(
+            [
+                '#include "cppwrap_runtime.h"',
+                '#include "cppwrap_cuda.h"',
+                "CPPWRAP_MODULE_STATE()",
+                *opening,
+                "  if (!cppwrap::check_args(args, 2)) return nullptr;",
+                "  cppwrap::Tensor arg0_1, arg1_1;",
+                '  if (!cppwrap::unpack_tensor(args, 0, arg0_1, "arg0_1") ||',
+                '      !cppwrap::unpack_tensor(args, 1, arg1_1, "arg1_1")) return nullptr;',
+                "  cppwrap::clear_args(args);",
+                "  cppwrap::Tensor out0;",
+                "  try {",
+                "    cppwrap::GilRelease nogil;",
+                *body_opening,
+                "      cppwrap::cuda::DeviceGuard device_guard(0);",
+                "      out0 = std::move(arg0_1);",
+                "    }",
+                "  } catch (...) {",
+                "    return cppwrap::raise_current();",
+                "  }",
+                "  return cppwrap::pack_outputs<1>({cppwrap::output(out0)});",
+                "}",
+                *wrapper.module_definition(),
+            ]
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "wrapper.cpp").write_text(source)
+            cmds = codecache.CppWrapperCodeCache._commands(
+                codecache.toolchain(), Path(tmp), False, (None, None), "cuda"
+            )
+            proc = subprocess.run(
+                cmds.wrapper, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            )
+            self.assertEqual(proc.returncode, 0, proc.stdout.decode(errors="replace"))
+
 
 if __name__ == "__main__":
     run_tests()

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The whole GPU check in one go, for one call of the device tool:
-#   the runtime extension's build, tests/test_gpu.py, and scripts/gpu/bench.py.
+#   the runtime extension's build, tests/test_gpu.py, the profile of one call
+#   (scripts/gpu/profile_call.py) and the benchmark (python -m torch_cppwrap
+#   bench --device cuda).
 # Logs and results go under $OUT (default /tmp/cppwrap_gpu_out).
 #
 #   PYTHONUNBUFFERED=1 bash scripts/gpu/run_all.sh 2>&1 | tee $OUT/log
 #
-# Knobs: TEST_TIMEOUT, TEST_WORKERS, BENCH_TIMEOUT, BENCH_ARGS (passed to
-# bench.py, e.g. --runs ours:seed upstream_cpp:mlp).
+# Knobs: STEPS (default "tests bench"; add "profile"), TEST_TIMEOUT,
+# TEST_WORKERS, PROFILE_TIMEOUT, PROFILE_ARGS, BENCH_TIMEOUT, BENCH_ARGS
+# (passed to the bench, e.g. --workloads seed --quick).
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/cppwrap_gpu_out}
@@ -43,12 +46,25 @@ start = time.perf_counter()
 RuntimeExtension.load()
 print(f"runtime extension ready in {time.perf_counter() - start:.1f} s")'
 
-echo "== tests/test_gpu.py"
-timeout "${TEST_TIMEOUT:-270}" $PYTHON -X faulthandler -m pytest tests/test_gpu.py -v -rfEs \
-    --tb=short -p no:cacheprovider -n "${TEST_WORKERS:-4}" 2>&1 | tee "$OUT/pytest.log"
-echo "tests exit status: $?"
+has_step() { [[ " ${STEPS:-tests bench} " == *" $1 "* ]]; }
 
-echo "== benchmark"
-timeout "${BENCH_TIMEOUT:-300}" $PYTHON scripts/gpu/bench.py --out "$OUT/bench.json" \
-    --dump-dir "$OUT" ${BENCH_ARGS:-}
-echo "benchmark exit status: $?"
+if has_step tests; then
+    echo "== tests/test_gpu.py"
+    timeout "${TEST_TIMEOUT:-270}" $PYTHON -X faulthandler -m pytest tests/test_gpu.py -v -rfEs \
+        --tb=short -p no:cacheprovider -n "${TEST_WORKERS:-4}" 2>&1 | tee "$OUT/pytest.log"
+    echo "tests exit status: $?"
+fi
+
+if has_step profile; then
+    echo "== where a call's time goes (scripts/gpu/profile_call.py)"
+    timeout "${PROFILE_TIMEOUT:-200}" $PYTHON scripts/gpu/profile_call.py --out "$OUT/profile" \
+        ${PROFILE_ARGS:-}
+    echo "profile exit status: $?"
+fi
+
+if has_step bench; then
+    echo "== benchmark (python -m torch_cppwrap bench --device cuda)"
+    timeout "${BENCH_TIMEOUT:-400}" $PYTHON -m torch_cppwrap bench --device cuda \
+        --out "$OUT/bench" ${BENCH_ARGS:-}
+    echo "benchmark exit status: $?"
+fi

@@ -195,9 +195,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
             code.writeline(f"static const char* const constant_names[] = {{{names}}};")
             code.writeline("static cppwrap::Tensor* constants = nullptr;")
         code.writeline("")
-        code.writeline(
-            "static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {"
-        )
+        for line in self.call_opening():
+            code.writeline(line)
         with code.indent():
             code.splice(self.entry)
             if self.constant_names:
@@ -215,10 +214,27 @@ class CppWrapperCpu(PythonWrapperCodegen):
             with code.indent():
                 code.writeline("cppwrap::GilRelease nogil;")
                 code.splice(self.prefix)
+                for line in self.body_opening():
+                    code.writeline(line)
         self.prefix = code
 
     def get_wrapper_call_indent(self) -> int:
-        return 2  # inside call_impl's try block
+        # Inside call_impl's try block, and the block body_opening opens.
+        return 2 + bool(self.body_opening())
+
+    # Where a device backend shapes the entry point; the defaults make one
+    # METH_O `call_impl` that runs the body.
+    def call_opening(self) -> list[str]:
+        """The entry function's first lines, up to unpacking the inputs."""
+        return ["static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {"]
+
+    def body_opening(self) -> list[str]:
+        """Lines after the input checks that open a block around the body."""
+        return []
+
+    def module_definition(self) -> list[str]:
+        """What follows the entry function: the module's methods and init."""
+        return ['CPPWRAP_DEFINE_MODULE("Inductor graph compiled by torch_cppwrap")']
 
     # ------------------------------------------------------------------
     # inputs
@@ -838,15 +854,16 @@ class CppWrapperCpu(PythonWrapperCodegen):
             )
         n = len(items)
         packed = ", ".join(items)
+        if self.body_opening():
+            result.writeline("        }")
         result.writeline("    } catch (...) {")
         result.writeline("        return cppwrap::raise_current();")
         result.writeline("    }")
         result.writeline(f"    return cppwrap::pack_outputs<{n}>({{{packed}}});")
         result.writeline("}")
         result.writeline("")
-        result.writeline(
-            'CPPWRAP_DEFINE_MODULE("Inductor graph compiled by torch_cppwrap")'
-        )
+        for line in self.module_definition():
+            result.writeline(line)
 
     def generate_end(self, result: IndentedBuffer) -> None:
         result.writeline("'''")

@@ -46,10 +46,11 @@ from typing import Any
 
 import sympy
 import torch
-from torch._inductor import config
+from torch._inductor import config, ir
 from torch._inductor.codegen.common import IndentedBuffer
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SymbolicCallArg
 from torch._inductor.virtualized import V
+from torch.utils._ordered_set import OrderedSet
 
 from torch_cppwrap import _compat
 from torch_cppwrap._inductor import codecache
@@ -232,6 +233,20 @@ def tuned_kernel_from_autotuner(name: str, autotuner: Any) -> TunedKernel:
     )
 
 
+def _has_symbols(exprs: Sequence[Any]) -> bool:
+    return any(getattr(e, "free_symbols", None) for e in exprs)
+
+
+def _is_random(target: Any) -> bool:
+    """Whether an FX node's target draws random numbers (which a replayed CUDA
+    graph would repeat unless the generator's offsets were advanced)."""
+    tags = getattr(target, "tags", ())
+    if torch.Tag.nondeterministic_seeded in tags:
+        return True
+    name = str(getattr(target, "__name__", target))
+    return any(word in name for word in ("rand", "seed", "bernoulli", "dropout"))
+
+
 # ----------------------------------------------------------------------
 # rendering a launcher
 # ----------------------------------------------------------------------
@@ -354,6 +369,113 @@ class CppWrapperGpu(CppWrapperCpu):
     )
     runtime_headers = ("cppwrap_runtime.h", "cppwrap_cuda.h")
     uses_triton_tuning = True
+
+    # ------------------------------------------------------------------
+    # replaying the whole graph as one CUDA graph (cppwrap::cuda::GraphReplay)
+    # ------------------------------------------------------------------
+
+    # Fewer launches than this gain nothing from a replay: the outputs are
+    # copied out of the graph's pool, which costs about a launch.
+    min_launches_for_cuda_graph = 3
+
+    @functools.cached_property
+    def cuda_graph_blocker(self) -> str | None:
+        """Why this graph cannot be replayed as one CUDA graph, or None when
+        it can.  Asked once the body is generated."""
+        if config.triton.cudagraphs:
+            return "Inductor's own CUDA graphs (mode='reduce-overhead') wrap it"
+        if not self.output_kinds or any(k != "tensor" for k in self.output_kinds):
+            return "an output is not a tensor"
+        if V.graph.device_types - {"cuda"}:
+            return "not every tensor is on the GPU"
+        inputs = self.get_graph_inputs()
+        for name in self.get_graph_input_names():
+            value = inputs[name]
+            if not isinstance(value, ir.IRNode):
+                return f"input {name} is not a tensor"
+            device = value.get_device()
+            if device is None or device.type != "cuda":
+                return f"input {name} is not a CUDA tensor"
+            try:
+                shape = [*value.get_size(), *value.get_stride()]
+            except (AttributeError, NotImplementedError, AssertionError):
+                return f"input {name} has no fixed layout"
+            if _has_symbols(shape):
+                return f"input {name} has a symbolic shape"
+        for buffer in V.graph.buffers:
+            try:
+                layout = buffer.get_layout()
+                shape = [*layout.size, *layout.stride]
+            except (AttributeError, NotImplementedError, AssertionError):
+                continue
+            if _has_symbols(shape):
+                return f"buffer {buffer.get_name()} has a symbolic shape"
+        if V.graph.mutated_inputs & OrderedSet(self.get_graph_input_names()):
+            return "the graph mutates an input"
+        for node in V.graph.graph.nodes:
+            if node.op == "call_function" and _is_random(node.target):
+                return f"the graph draws random numbers ({node.target})"
+        body = self.wrapper_call.getvalue()
+        for marker, reason in (
+            ("cppwrap::BoxedCall", "an op runs through the dispatcher"),
+            ("aoti_torch_copy_", "the graph copies between devices"),
+            ("cppwrap::item_", "the graph reads a value on the host"),
+            ("_local_scalar_dense", "the graph reads a value on the host"),
+        ):
+            if marker in body:
+                return reason
+        launches = len(re.findall(r"\blaunch_\w+\(|\baoti_torch_cuda_\w+\(", body))
+        if launches < self.min_launches_for_cuda_graph:
+            return f"only {launches} launch(es)"
+        return None
+
+    def body_opening(self) -> list[str]:
+        if self.cuda_graph_blocker is not None:
+            return []
+        inputs = ", ".join(f"&{name}" for name in self.get_graph_input_names())
+        outputs = ", ".join(f"&out{i}" for i in range(len(self.output_kinds)))
+        return [
+            f"const cppwrap::Tensor* const graph_inputs[] = {{{inputs}}};",
+            f"cppwrap::Tensor* const graph_outputs[] = {{{outputs}}};",
+            "if (!(replayable && cuda_graph.replay(graph_inputs, graph_outputs))) {",
+            "    if (replayable) cuda_graph.observe(graph_inputs);",
+        ]
+
+    def call_opening(self) -> list[str]:
+        if self.cuda_graph_blocker is not None:
+            log.debug(
+                "torch_cppwrap: kernels launched one by one, not as a CUDA graph: %s",
+                self.cuda_graph_blocker,
+            )
+            return super().call_opening()
+        n_inputs = len(self.get_graph_input_names())
+        return [
+            "// Replayed as one CUDA graph from the third call on; see GraphReplay.",
+            f"static cppwrap::cuda::GraphReplay cuda_graph({n_inputs}, "
+            f"{len(self.output_kinds)});",
+            "",
+            "static PyObject* run(PyObject* module, PyObject* args, bool replayable) {",
+            "    if (replayable && cuda_graph.should_capture()) {",
+            "        PyObject* outputs = cuda_graph.capture(module, args);",
+            "        if (outputs != Py_None) return outputs;",
+            "        Py_DECREF(outputs);",
+            "    }",
+        ]
+
+    def module_definition(self) -> list[str]:
+        if self.cuda_graph_blocker is not None:
+            return super().module_definition()
+        return [
+            "static PyObject* call_impl(PyObject* module, PyObject* args) {",
+            "    return run(module, args, true);",
+            "}",
+            "",
+            "static PyObject* call_eager_impl(PyObject* module, PyObject* args) {",
+            "    return run(module, args, false);",
+            "}",
+            "",
+            'CPPWRAP_CUDA_DEFINE_GRAPH_MODULE("Inductor graph compiled by torch_cppwrap")',
+        ]
 
     def write_get_raw_stream(self, device_idx: int, graph_name: str) -> str:
         # Memoised per (device, graph) by PythonWrapperCodegen.__init__.

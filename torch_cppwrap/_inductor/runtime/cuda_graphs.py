@@ -1,0 +1,153 @@
+"""Capturing a CUDA wrapper module's graph as one CUDA graph.
+
+A CUDA wrapper module that :class:`CppWrapperGpu` found replayable (all
+inputs and outputs CUDA tensors of fixed shapes; no host synchronisation,
+random numbers or input mutation) calls :func:`capture` on its second call,
+with that call's inputs.  The first call ran the kernels one by one (loading
+every cubin, initialising cuBLAS) and noted each input's address.  From here
+on ``cppwrap::cuda::GraphReplay`` replays the graph in C++ with no Python;
+see ``cppwrap_cuda.h`` for what a replay does.
+
+Inputs that kept their address between the two calls (parameters, buffers,
+an input the caller reuses) are read where they are; a replay needs them
+there again.  The others are copied into buffers the graph owns, every call.
+
+Set ``TORCH_CPPWRAP_CUDA_GRAPHS=0`` to run every call kernel by kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ENV_SWITCH = "TORCH_CPPWRAP_CUDA_GRAPHS"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in (
+        "0",
+        "false",
+        "no",
+        "off",
+    )
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether `t`'s elements fill one block of memory exactly (any order of
+    dimensions), so copying it is one memcpy of `_nbytes(t)` from data_ptr."""
+    expected = 1
+    for size, stride in sorted(
+        zip(t.shape, t.stride(), strict=True), key=lambda p: p[1]
+    ):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def capture(module: Any, args: list[Any], first_ptrs: list[int]) -> Any:
+    """Captures `module`'s graph on this call's `args` and installs it in the
+    module.  Returns this call's outputs, or None when the graph is not to be
+    captured; the module then runs this call, and every later one, kernel by
+    kernel."""
+    if not enabled():
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        # Someone else (mode="reduce-overhead") is capturing this call into
+        # their CUDA graph; launching kernel by kernel is what they record.
+        return None
+    if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
+        log.debug("torch_cppwrap: this torch cannot hand a CUDA graph to C++")
+        return None
+    try:
+        return _capture(module, args, first_ptrs)
+    except Exception as e:  # the module falls back to launching kernel by kernel
+        log.warning(
+            "torch_cppwrap: capturing the graph as a CUDA graph failed; it runs "
+            "kernel by kernel instead: %s",
+            e,
+        )
+        return None
+
+
+def _capture(module: Any, args: list[Any], first_ptrs: list[int]) -> Any:
+    if len(args) != len(first_ptrs) or not all(
+        isinstance(a, torch.Tensor) and a.is_cuda for a in args
+    ):
+        return None
+    device = args[0].device
+    if any(a.device != device for a in args):
+        return None
+    buffers: list[torch.Tensor | None] = []
+    graph_inputs: list[torch.Tensor] = []
+    for arg, first in zip(args, first_ptrs, strict=True):
+        if arg.data_ptr() == first:
+            buffers.append(None)
+            graph_inputs.append(arg)
+            continue
+        if not _dense(arg):
+            log.debug("torch_cppwrap: a moving input is not dense; no CUDA graph")
+            return None
+        buffer = torch.empty_strided(
+            arg.size(), arg.stride(), dtype=arg.dtype, device=arg.device
+        )
+        buffer.copy_(arg)
+        buffers.append(buffer)
+        graph_inputs.append(buffer)
+
+    stream = torch.cuda.current_stream(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.device(device), torch.cuda.graph(graph):
+        outputs = module.call_eager(list(graph_inputs))
+    outputs = tuple(outputs)
+
+    input_storages = {_storage(t) for t in graph_inputs}
+    output_storages = [
+        _storage(t) if isinstance(t, torch.Tensor) else None for t in outputs
+    ]
+    if (
+        not all(
+            isinstance(t, torch.Tensor) and t.device == device and _dense(t)
+            for t in outputs
+        )
+        or len(set(output_storages)) != len(outputs)
+        or input_storages & set(output_storages)
+    ):
+        log.debug(
+            "torch_cppwrap: an output is not a dense tensor of its own; no CUDA graph"
+        )
+        return None
+
+    with torch.cuda.stream(stream):
+        graph.replay()
+        results = tuple(t.clone() for t in outputs)
+    module.install_cuda_graph(
+        graph,
+        graph.raw_cuda_graph_exec(),
+        device.index,
+        stream.cuda_stream,
+        buffers,
+        [t.data_ptr() for t in graph_inputs],
+        list(outputs),
+        [_nbytes(t) for t in graph_inputs] + [_nbytes(t) for t in outputs],
+    )
+    log.debug(
+        "torch_cppwrap: graph captured; %d input(s) copied per call",
+        sum(b is not None for b in buffers),
+    )
+    return results

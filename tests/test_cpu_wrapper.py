@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import sys
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -253,6 +255,36 @@ class TestOutputsAndInputs(CppWrapperTestCase):
             call([torch.zeros(4, dtype=torch.int64)])
         with self.assertRaisesRegex(TypeError, "list of inputs"):
             call((x,))
+
+    def test_inputs_are_borrowed_or_freed_never_leaked(self) -> None:
+        from torch._inductor.codecache import PyCodeCache
+
+        def fn(x, y):
+            return x + y, (x * y).sum()
+
+        x, y = torch.randn(8, 8), torch.randn(8, 8)
+        before = len(PyCodeCache.modules)
+        self.compile_and_run(fn, (x, y))
+        (module,) = [m for m in PyCodeCache.modules[before:] if hasattr(m, "call")]
+        # The caller holds x and y too, so the call borrows them: no reference
+        # is left behind, whatever the number of calls.
+        refs = sys.getrefcount(x), sys.getrefcount(y)
+        for _ in range(200):
+            added, product = module.call([x, y])
+        self.assertEqual((sys.getrefcount(x), sys.getrefcount(y)), refs)
+        self.assertEqual(added, x + y)
+        self.assertEqual(product, (x * y).sum())
+        # An input that only the argument list holds is taken (and freed at its
+        # last use), not kept alive by the call.
+        t = torch.randn(8, 8)
+        expected = t + y
+        dead = weakref.ref(t)
+        args = [t, y]
+        del t
+        added, _ = module.call(args)
+        self.assertEqual(args, [])
+        self.assertIsNone(dead())
+        self.assertEqual(added, expected)
 
 
 if __name__ == "__main__":

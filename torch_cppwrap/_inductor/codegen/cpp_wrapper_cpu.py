@@ -71,6 +71,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
         # Names of nodes that exist only to group a fallback's outputs; they
         # never hold a tensor, so freeing them is a no-op.
         self.virtual_buffers: OrderedSet[str] = OrderedSet()
+        # Graph inputs held as cppwrap::Input (maybe borrowed from the caller).
+        self.input_tensors: OrderedSet[str] = OrderedSet()
         super().__init__()
         self.declare = "auto "
         self.declare_maybe_reference = "auto& "
@@ -151,6 +153,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.entry.writeline(
             f"if (!cppwrap::check_args(args, {len(names)})) return nullptr;"
         )
+        if any(not isinstance(inputs[name], sympy.Expr) for name in names):
+            # Python references to the inputs that are borrowed, not copied.
+            self.entry.writeline(f"cppwrap::HeldInputs<{len(names)}> held;")
         unpacks = []
         for index, name in enumerate(names):
             value = inputs[name]
@@ -164,16 +169,18 @@ class CppWrapperCpu(PythonWrapperCodegen):
             elif isinstance(
                 value, (ir.TensorBox, ir.Buffer, ir.BaseView, ir.StorageBox)
             ):
-                fn = "unpack_tensor"
-                self.entry.writeline(f"cppwrap::Tensor {name};")
+                fn = "unpack_input"
+                self.input_tensors.add(name)
+                self.entry.writeline(f"cppwrap::Input {name};")
             else:
                 raise NotImplementedError(
                     f"torch_cppwrap: graph input {name} of kind "
                     f"{type(value).__name__} is not supported by the C++ wrapper"
                 )
             self.declared.add(name)
+            held = ", held" if fn == "unpack_input" else ""
             unpacks.append(
-                f"!cppwrap::{fn}(args, {index}, {name}, {spell.string_literal(name)})"
+                f"!cppwrap::{fn}(args, {index}, {name}, {spell.string_literal(name)}{held})"
             )
         for index, unpack in enumerate(unpacks):
             first, last = index == 0, index == len(unpacks) - 1
@@ -410,7 +417,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
     ) -> str:
         self.declared.add(new_name)
         if "reset" in del_line:
-            return f"auto {new_name} = std::move({old_name});  // reuse"
+            return f"auto {new_name} = {self._moved(old_name)};  // reuse"
         return f"auto {new_name} = {old_name}.clone_ref();  // reuse"
 
     def make_buffer_reuse(self, old: Any, new: Any, delete_old: bool) -> str:
@@ -472,6 +479,11 @@ class CppWrapperCpu(PythonWrapperCodegen):
         if dtype is not None and dtype != base_dtype:
             expr = f"cppwrap::view_dtype({expr}, {spell.dtype_code(dtype)})"
         return expr
+
+    def _moved(self, name: str) -> str:
+        """An expression that moves the Tensor `name` out (an Input may be
+        borrowed, so taking it may add a reference)."""
+        return f"{name}.take()" if name in self.input_tensors else f"std::move({name})"
 
     @staticmethod
     def _owned(ref: str) -> str:
@@ -841,7 +853,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
             elif ref in constants:
                 self.wrapper_call.writeline(f"out{index} = {ref}.clone_ref();")
             else:
-                self.wrapper_call.writeline(f"out{index} = std::move({ref});")
+                self.wrapper_call.writeline(f"out{index} = {self._moved(ref)};")
             seen[ref] = index
 
     def generate_before_suffix(self, result: IndentedBuffer) -> None:

@@ -15,7 +15,7 @@
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
-#define CPPWRAP_API_VERSION 1
+#define CPPWRAP_API_VERSION 2
 #define CPPWRAP_API_CAPSULE "torch_cppwrap._C._api"
 
 #ifdef __cplusplus
@@ -105,6 +105,11 @@ typedef struct CppwrapApi {
   // --- Profiler: a RecordFunction scope named after the graph. ---
   void* (*record_begin)(const char* name);
   void (*record_end)(void* guard);
+
+  // Like unpack, but puts the tensor in `slot` without taking a reference:
+  // the caller keeps `obj` alive while it uses the slot, and forgets the slot
+  // instead of releasing it.  The GIL must be held.
+  int (*borrow)(PyObject* obj, void* slot, const char* what);
 } CppwrapApi;
 
 #ifdef __cplusplus

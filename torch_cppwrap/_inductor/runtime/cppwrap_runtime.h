@@ -124,6 +124,73 @@ class Tensor {
   void* impl_ = nullptr;
 };
 
+// A graph input.  When the caller holds the input elsewhere too (so freeing
+// it early could not free its memory), the input is borrowed: the slot points
+// at the caller's tensor without a reference, the Python object is held until
+// the call returns (HeldInputs), and nothing in the call touches the tensor's
+// reference count.  Otherwise (the argument list held the only reference) it
+// is owned like any Tensor, so `reset()` at its last use frees it early.
+class Input : public Tensor {
+ public:
+  Input() = default;
+  Input(Input&&) = delete;
+  Input& operator=(Input&&) = delete;
+  ~Input() {
+    if (borrowed_) {
+      forget();
+    }
+  }
+
+  void reset() {
+    if (borrowed_) {
+      forget();
+      borrowed_ = false;
+    } else {
+      Tensor::reset();
+    }
+  }
+
+  // The input as an owned Tensor (a new reference when borrowed); the input
+  // is empty afterwards.
+  Tensor take() {
+    if (!borrowed_) {
+      return std::move(static_cast<Tensor&>(*this));
+    }
+    Tensor t = clone_ref();
+    reset();
+    return t;
+  }
+
+  void set_borrowed() {
+    borrowed_ = true;
+  }
+
+ private:
+  bool borrowed_ = false;
+};
+
+// References to the Python objects of borrowed inputs, dropped when the call
+// returns (with the GIL held: declared outside the GIL-released block).
+template <size_t N>
+class HeldInputs {
+ public:
+  HeldInputs() = default;
+  HeldInputs(const HeldInputs&) = delete;
+  HeldInputs& operator=(const HeldInputs&) = delete;
+  ~HeldInputs() {
+    for (PyObject* obj : objects_) {
+      Py_XDECREF(obj);
+    }
+  }
+  void hold(size_t i, PyObject* obj) {
+    Py_INCREF(obj);
+    objects_[i] = obj;
+  }
+
+ private:
+  std::array<PyObject*, N> objects_{};
+};
+
 inline Tensor empty_strided(
     int64_t ndim,
     const int64_t* sizes,
@@ -431,6 +498,22 @@ inline bool check_args(PyObject* args, Py_ssize_t expected) {
 
 inline bool unpack_tensor(PyObject* args, Py_ssize_t i, Tensor& dst, const char* name) {
   return api->unpack(PyList_GET_ITEM(args, i), dst.slot(), name) == 0;
+}
+
+template <size_t N>
+inline bool unpack_input(
+    PyObject* args, Py_ssize_t i, Input& dst, const char* name, HeldInputs<N>& held) {
+  PyObject* obj = PyList_GET_ITEM(args, i);
+  // More than the list's reference: someone else keeps it alive anyway.
+  if (Py_REFCNT(obj) > 1) {
+    if (api->borrow(obj, dst.slot(), name) != 0) {
+      return false;
+    }
+    dst.set_borrowed();
+    held.hold(static_cast<size_t>(i), obj);
+    return true;
+  }
+  return api->unpack(obj, dst.slot(), name) == 0;
 }
 
 inline bool unpack_int(PyObject* args, Py_ssize_t i, int64_t& dst, const char* name) {

@@ -108,6 +108,18 @@ int unpack(PyObject* obj, void* slot, const char* what) {
   return 0;
 }
 
+int borrow(PyObject* obj, void* slot, const char* what) {
+  if (!THPVariable_Check(obj)) {
+    return unpack(obj, slot, what);  // raises the TypeError
+  }
+  // The bits of an at::Tensor are its TensorImpl pointer; copying them takes
+  // no reference, which is the point.
+  static_assert(sizeof(at::Tensor) == sizeof(c10::TensorImpl*));
+  const at::Tensor& tensor = THPVariable_Unpack(obj);
+  *static_cast<c10::TensorImpl**>(slot) = tensor.unsafeGetTensorImpl();
+  return 0;
+}
+
 PyObject* wrap(void* slot) {
   at::Tensor& t = tensor_at(slot);
   PyObject* result = THPVariable_Wrap(std::move(t));
@@ -430,6 +442,7 @@ const CppwrapApi api_table = {
     result_double,
     record_begin,
     record_end,
+    borrow,
 };
 
 PyModuleDef module_def = {

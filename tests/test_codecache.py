@@ -52,6 +52,42 @@ class TestCodeCache(TestCase):
         CppWrapperCodeCache.cache_clear()
         super().tearDown()
 
+    def test_vec_isa_probe_is_asked_once_per_machine(self) -> None:
+        probes: list[str] = []
+
+        class FakeIsa:
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def __str__(self) -> str:
+                return self.name
+
+            def build_arch_flags(self) -> str:
+                return f"-m{self.name}"
+
+        def check_build(isa: FakeIsa, code: str) -> bool:
+            probes.append(str(isa))
+            return str(isa) == "avx2"
+
+        remembered = codecache.remember_vec_isa_probe(check_build)
+        with (
+            tempfile.TemporaryDirectory() as cache,
+            tempfile.TemporaryDirectory() as other_inductor_cache,
+            mock.patch.dict(os.environ, {"TORCH_CPPWRAP_CACHE_DIR": cache}),
+        ):
+            answers = [
+                remembered(FakeIsa(name), "int main() {}")
+                for name in ("avx2", "avx512", "avx2", "avx512")
+            ]
+            with mock.patch.dict(
+                os.environ, {"TORCHINDUCTOR_CACHE_DIR": other_inductor_cache}
+            ):
+                self.assertTrue(remembered(FakeIsa("avx2"), "int main() {}"))
+            # Other test code is another question.
+            remembered(FakeIsa("avx2"), "int main() { return 1; }")
+        self.assertEqual(answers, [True, False, True, False])
+        self.assertEqual(probes, ["avx2", "avx512", "avx2"])
+
     def test_sha256_parts_are_length_prefixed(self) -> None:
         self.assertNotEqual(sha256_hex("ab", "c"), sha256_hex("a", "bc"))
         self.assertEqual(len(sha256_hex("x")), 64)

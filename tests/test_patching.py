@@ -38,6 +38,11 @@ class TestPatching(TestCase):
         )
         tag = common.custom_backend_passes["cpu"]
         self.assertEqual(tag.uuid()[0], "torch_cppwrap")
+        vec_isa = _compat.vec_isa_class()
+        self.assertIsNot(
+            vec_isa.check_build, torch_cppwrap.get_original(vec_isa, "check_build")
+        )
+        self.assertEqual(vec_isa.check_build.__name__, "check_build")
 
     def test_patch_replaces_every_name(self) -> None:
         self.assert_patched()
@@ -74,8 +79,11 @@ class TestPatching(TestCase):
         original_name = torch_cppwrap.get_original(
             ir.ExternKernel, "try_get_kernel_name"
         )
+        vec_isa = _compat.vec_isa_class()
+        original_probe = torch_cppwrap.get_original(vec_isa, "check_build")
 
         torch_cppwrap.unpatch()
+        self.assertIs(vec_isa.check_build, original_probe)
         self.assertFalse(torch_cppwrap.is_patched())
         self.assertIs(inductor_codecache.CppWrapperCodeCache, original_cache)
         for module in holders:

@@ -580,8 +580,9 @@ def spawn_worker(
 
 
 def prepare_torch_cppwrap() -> None:
-    """Builds torch_cppwrap's once-per-torch-version runtime now, so that it is
-    not billed to the first cold compile."""
+    """Builds torch_cppwrap's once-per-torch-version runtime now (which also
+    asks, and remembers, Inductor's vector-ISA probe), so that it is not
+    billed to the first cold compile."""
     try:
         import torch_cppwrap  # noqa: F401
         from torch_cppwrap._inductor import codecache
@@ -816,7 +817,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "- modes: " + "; ".join(f"`{k}` = {v}" for k, v in meta["modes"].items()) + ".",
         "- cold compile: the first call in a fresh process with an empty TORCHINDUCTOR_CACHE_DIR "
-        "(torch_cppwrap's once-per-torch-version runtime is built beforehand); warm compile: the "
+        "(torch_cppwrap's once-per-machine work, its runtime extension and the vector-ISA probe "
+        "it remembers, is done beforehand; the other modes probe the ISA in every fresh cache "
+        "directory, as Inductor does); warm compile: the "
         "same in another fresh process on that cache (FX graph cache hit).",
         f"- e2e: one call of the torch.compile'd function; `call`: the compiled Inductor module's "
         f"`call(list(args))` alone, on its `get_args()` inputs, summed over graphs. The fastest of "

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from torch_cppwrap import _compat
+
 _lock = threading.RLock()
 # (owner, attribute) -> original value; `_MISSING` if the attribute was absent.
 _originals: dict[tuple[Any, str], Any] = {}
@@ -221,7 +223,20 @@ def patch() -> None:
         if _ORIGINAL_TRY_GET_KERNEL_NAME is None:
             _ORIGINAL_TRY_GET_KERNEL_NAME = ir.ExternKernel.try_get_kernel_name
         _replace(ir.ExternKernel, "try_get_kernel_name", _try_get_kernel_name)
+        _patch_vec_isa_probe()
         _patched = True
+
+
+def _patch_vec_isa_probe() -> None:
+    """Inductor's vector-ISA probe answers once per machine instead of once
+    per Inductor cache directory (see codecache.remember_vec_isa_probe)."""
+    from torch_cppwrap._inductor.codecache import remember_vec_isa_probe
+
+    vec_isa = _compat.vec_isa_class()
+    if vec_isa is None or not callable(getattr(vec_isa, "check_build", None)):
+        return
+    original = get_original(vec_isa, "check_build")
+    _replace(vec_isa, "check_build", remember_vec_isa_probe(original))
 
 
 def unpatch() -> None:

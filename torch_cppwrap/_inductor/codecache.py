@@ -16,6 +16,7 @@ and an atomic rename, so concurrent processes never see a half-written file.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.machinery
@@ -98,6 +99,61 @@ def runtime_cache_dir() -> Path:
     path = Path(root).resolve() / f"torch-{torch.__version__}"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# ---------------------------------------------------------------------------
+# Inductor's vector-ISA probe, remembered per machine
+# ---------------------------------------------------------------------------
+
+
+@functools.cache
+def _machine_identity() -> str:
+    """What a vector-ISA probe's answer depends on besides the ISA: the CPU's
+    feature flags, the compiler and the torch build."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
+    except OSError:
+        pass
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    compiler = get_cpp_compiler()
+    try:
+        version = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    return sha256_hex(torch.__version__, flags, compiler, version, sys.executable)
+
+
+def remember_vec_isa_probe(
+    check_build: Callable[[Any, str], bool],
+) -> Callable[[Any, str], bool]:
+    """Wraps Inductor's ``VecISA.check_build``, which compiles and loads a test
+    library to learn whether the machine runs an ISA's code.  Inductor keeps
+    the answer in its cache directory, so every process that starts with an
+    empty one pays the probe again (seconds, and tens of seconds where
+    importing torch is slow); the answer is a fact about the machine, so it is
+    kept in torch_cppwrap's cache and asked once per machine."""
+
+    @functools.wraps(check_build)
+    def check_build_once(isa: Any, code: str) -> bool:
+        arch_flags = getattr(isa, "build_arch_flags", lambda: "")()
+        key = sha256_hex(_machine_identity(), str(isa), str(arch_flags), code)
+        path = runtime_cache_dir() / "vec_isa" / f"{key[:32]}.txt"
+        try:
+            return path.read_text().strip() == "ok"
+        except OSError:
+            pass
+        ok = check_build(isa, code)
+        # A read-only cache only costs the probe next time.
+        with contextlib.suppress(OSError):
+            write_atomic(path, "ok\n" if ok else "no\n")
+        return ok
+
+    return check_build_once
 
 
 def graph_cache_dir() -> Path:

@@ -317,40 +317,73 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         self.assertEqual(module.cuda_graph_state(), "ready")
 
     def test_other_stream_and_threads(self) -> None:
+        def fn(x, w):
+            return torch.relu(x @ w) @ w + 1
+
+        x, w = torch.randn(16, 32, device="cuda"), torch.randn(32, 32, device="cuda")
+        expected = fn(x, w)
+        compiled, module, _ = self.compile_module(fn, (x, w))
+        for _ in range(3):
+            compiled(x, w)
+        self.assertEqual(module.cuda_graph_state(), "ready")
+        # Another stream: launched kernel by kernel there, still right.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = compiled(x, w)
+        torch.cuda.current_stream().wait_stream(side)
+        self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
+        # Two threads replaying the module's graph at once (the C++ entry
+        # point itself, so that only the replay is shared).
+        results: list[torch.Tensor] = []
+        errors: list[str] = []
+
+        def worker() -> None:
+            try:
+                for _ in range(50):
+                    (result,) = module.call([x, w])
+                    results.append(result)
+            except Exception as e:
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        torch.cuda.synchronize()
+        self.assertEqual(errors, [])
+        self.assertEqual(len(results), 100)
+        for out in results:
+            self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
+        self.assertEqual(module.cuda_graph_state(), "ready")
+
+    def test_compiled_model_called_from_threads(self) -> None:
         model = mlp(depth=2).cuda().eval()
         x = torch.randn(32, 256, device="cuda")
         with torch.no_grad():
-            compiled, _, _ = self.compile_module(model, (x,))
+            compiled, module, _ = self.compile_module(model, (x,))
             expected = model(x)
-            for _ in range(3):
-                compiled(x)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                out = compiled(x)
-            torch.cuda.current_stream().wait_stream(side)
+        results: list[torch.Tensor] = []
+        errors: list[str] = []
+
+        def worker() -> None:
+            try:
+                with torch.no_grad():  # grad mode is per thread
+                    results.extend(compiled(x) for _ in range(20))
+            except Exception as e:
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        torch.cuda.synchronize()
+        self.assertEqual(errors, [])
+        for out in results:
             self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
-            results: list[torch.Tensor] = []
-
-            errors: list[BaseException] = []
-
-            def worker() -> None:
-                try:
-                    with torch.no_grad():  # grad mode is per thread
-                        results.extend(compiled(x) for _ in range(20))
-                except BaseException as e:
-                    errors.append(e)
-
-            threads = [threading.Thread(target=worker) for _ in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            torch.cuda.synchronize()
-            self.assertEqual(errors, [])
-            self.assertEqual(len(results), 40)
-            for out in results:
-                self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
+        self.assertEqual(module.cuda_graph_state(), "ready")
 
     def test_switched_off_by_the_environment(self) -> None:
         model = mlp(depth=2).cuda().eval()

@@ -475,6 +475,9 @@ class GraphReplay {
         return false;
       }
     }
+    // Makes the graph's device current (and its context, on a thread that
+    // never used CUDA), as the kernel-by-kernel path does.
+    DeviceGuard device_guard(device_);
     void* stream = current_stream(device_);
     if (stream != stream_) {
       return false;

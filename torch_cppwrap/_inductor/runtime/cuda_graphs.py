@@ -112,8 +112,19 @@ def _capture(module: Any, args: list[Any], first_ptrs: list[int]) -> Any:
 
     stream = torch.cuda.current_stream(device)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.device(device), torch.cuda.graph(graph):
-        outputs = module.call_eager(list(graph_inputs))
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream(device)
+        # One run on the capture stream, from this thread, first: cuBLAS makes
+        # its handle per thread and its workspace per stream, neither of which
+        # may happen while capturing (a failed capture can leave the CUDA
+        # generator thinking it is still capturing).
+        side.wait_stream(stream)
+        with torch.cuda.stream(side):
+            module.call_eager(list(graph_inputs))
+        side.synchronize()
+        # thread_local: other threads keep running kernel by kernel meanwhile.
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+            outputs = module.call_eager(list(graph_inputs))
     outputs = tuple(outputs)
 
     input_storages = {_storage(t) for t in graph_inputs}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import traceback
 import unittest
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -343,8 +344,8 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
                 for _ in range(50):
                     (result,) = module.call([x, w])
                     results.append(result)
-            except Exception as e:
-                errors.append(repr(e))
+            except Exception:
+                errors.append(traceback.format_exc())
 
         threads = [threading.Thread(target=worker) for _ in range(2)]
         for t in threads:
@@ -352,7 +353,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         for t in threads:
             t.join()
         torch.cuda.synchronize()
-        self.assertEqual(errors, [])
+        self.assertFalse(errors, "\n".join(errors))
         self.assertEqual(len(results), 100)
         for out in results:
             self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
@@ -371,8 +372,8 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             try:
                 with torch.no_grad():  # grad mode is per thread
                     results.extend(compiled(x) for _ in range(20))
-            except Exception as e:
-                errors.append(repr(e))
+            except Exception:
+                errors.append(traceback.format_exc())
 
         threads = [threading.Thread(target=worker) for _ in range(2)]
         for t in threads:
@@ -380,7 +381,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         for t in threads:
             t.join()
         torch.cuda.synchronize()
-        self.assertEqual(errors, [])
+        self.assertFalse(errors, "\n".join(errors))
         for out in results:
             self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
         self.assertEqual(module.cuda_graph_state(), "ready")

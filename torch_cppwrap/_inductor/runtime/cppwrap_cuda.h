@@ -142,6 +142,23 @@ inline const Driver& driver() {
       " (CUresult " + std::to_string(status) + ")");
 }
 
+// Makes `device`'s primary context current on this thread if none is: the
+// runtime API (and so PyTorch) binds it lazily, but the driver calls here need
+// it, e.g. on a thread whose first CUDA work is this graph.
+inline CUresult ensure_context(const Driver& d, int32_t device) {
+  CUcontext ctx = nullptr;
+  CUresult status = d.ctx_get_current(&ctx);
+  if (status != kSuccess || ctx != nullptr) {
+    return status;
+  }
+  CUdevice dev = 0;
+  if ((status = d.device_get(&dev, device)) != kSuccess ||
+      (status = d.primary_ctx_retain(&ctx, dev)) != kSuccess) {
+    return status;
+  }
+  return d.ctx_set_current(ctx);
+}
+
 // ---- one Triton kernel ----
 
 // A kernel compiled by Triton: its cubin, embedded in the module, is loaded
@@ -208,22 +225,6 @@ class Kernel {
     return fn;
   }
 
-  // The device guard made the device's primary context current through the
-  // runtime API; on a thread that never touched the runtime, do it here.
-  static CUresult ensure_context(const Driver& d, int32_t device) {
-    CUcontext ctx = nullptr;
-    CUresult status = d.ctx_get_current(&ctx);
-    if (status != kSuccess || ctx != nullptr) {
-      return status;
-    }
-    CUdevice dev = 0;
-    if ((status = d.device_get(&dev, device)) != kSuccess ||
-        (status = d.primary_ctx_retain(&ctx, dev)) != kSuccess) {
-      return status;
-    }
-    return d.ctx_set_current(ctx);
-  }
-
   void check(CUresult status, const char* what) const {
     if (status != kSuccess) {
       fail_driver(status, what, (std::string("Triton kernel ") + name_).c_str());
@@ -252,6 +253,7 @@ class DeviceGuard {
  public:
   explicit DeviceGuard(int32_t device) {
     check_shim(aoti_torch_create_cuda_guard(device, &guard_), "CUDA device guard");
+    bind_context(device);
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
@@ -260,9 +262,17 @@ class DeviceGuard {
   }
   void set_index(int32_t device) {
     check_shim(aoti_torch_cuda_guard_set_index(guard_, device), "CUDA device guard");
+    bind_context(device);
   }
 
  private:
+  static void bind_context(int32_t device) {
+    CUresult status = ensure_context(driver(), device);
+    if (status != kSuccess) {
+      fail_driver(status, "setting the CUDA context", "the graph's device");
+    }
+  }
+
   CUDAGuardOpaque* guard_ = nullptr;
 };
 

@@ -239,17 +239,50 @@ class TestRuntime(CppWrapperTestCase):
         names = [e.name for e in prof.events()]
         self.assertTrue(any("Call CompiledFxGraph" in n for n in names), names[:20])
 
-    def test_control_flow_is_a_clear_error(self) -> None:
-        def fn(p, x):
-            return torch.cond(p, lambda x: x + 1, lambda x: x - 1, (x,))
 
-        with (
-            config.patch(cpp_wrapper=True, fx_graph_cache=False),
-            self.assertRaisesRegex(
-                Exception, "subgraphs .* not supported by the C\\+\\+ wrapper"
-            ),
-        ):
-            torch.compile(fn)(torch.tensor(True), torch.randn(3))
+class TestControlFlow(CppWrapperTestCase):
+    """torch.cond and torch.while_loop: their subgraphs are inlined into the
+    C++ as blocks (if/else, while), as upstream's C++ wrapper does."""
+
+    def test_cond_takes_either_branch(self) -> None:
+        def fn(p, x):
+            return torch.cond(p, lambda x: (x + 1).sin(), lambda x: x.cos() - 1, (x,))
+
+        for predicate in (True, False):
+            torch._dynamo.reset()
+            (source,) = self.check(fn, (torch.tensor(predicate), torch.randn(8)))
+            self.assertIn("// subgraph true_graph_0", source)
+            self.assertIn("} else {", source)
+
+    def test_cond_with_extern_kernels_and_several_outputs(self) -> None:
+        def fn(p, x, w):
+            def yes(x, w):
+                return x @ w, (x * 2).sum()
+
+            def no(x, w):
+                return x @ w.t(), x.sum()
+
+            return torch.cond(p, yes, no, (x, w))
+
+        for predicate in (True, False):
+            torch._dynamo.reset()
+            self.check(
+                fn,
+                (torch.tensor(predicate), torch.randn(4, 4), torch.randn(4, 4)),
+                atol=1e-5,
+                rtol=1e-5,
+            )
+
+    def test_while_loop(self) -> None:
+        from torch._higher_order_ops.while_loop import while_loop
+
+        def fn(i, x):
+            return while_loop(
+                lambda i, x: i < 5, lambda i, x: (i + 1, x * 2 + 1), (i, x)
+            )
+
+        (source,) = self.check(fn, (torch.tensor(0), torch.randn(6)))
+        self.assertIn("while (true) {", source)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from torch._inductor import ir
 from torch._inductor.codegen.common import IndentedBuffer
 from torch._inductor.codegen.cpp_utils import cexpr
 from torch._inductor.codegen.wrapper import (
+    EnterSubgraphLine,
+    ExitSubgraphLine,
     PythonWrapperCodegen,
     WrapperLine,
     codegen_reinterpret_view_helper,
@@ -91,12 +93,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
         parent_wrapper: PythonWrapperCodegen | None,
         partition_signatures: Any = None,
     ) -> CppWrapperCpu:
-        if is_subgraph:
-            raise NotImplementedError(
-                "torch_cppwrap: subgraphs (torch.cond, torch.while_loop, "
-                "invoke_subgraph) are not supported by the C++ wrapper yet; "
-                "compile without cpp_wrapper=True for this model"
-            )
+        # A subgraph (torch.cond, torch.while_loop) is inlined into its
+        # parent's C++ (codegen_subgraph), so its own wrapper writes nothing.
         if partition_signatures is not None:
             raise NotImplementedError(
                 "torch_cppwrap: graph partitions are not supported by the C++ wrapper"
@@ -774,6 +772,125 @@ class CppWrapperCpu(PythonWrapperCodegen):
         # The fallback's own call declares its outputs; this line runs in
         # program order, after it, and only checks (or aliases a lone output).
         self.writeline(_MultiOutputCheck(self, node))
+
+    # ------------------------------------------------------------------
+    # control flow: subgraphs inlined as C++ blocks
+    # ------------------------------------------------------------------
+
+    def codegen_conditional(self, conditional: Any) -> None:
+        name = conditional.get_name()
+        outer_inputs = [buf.codegen_reference() for buf in conditional.operands]
+        outer_outputs = []
+        for out in conditional.outputs:
+            self.writeline(f"cppwrap::Tensor {out.get_name()};")
+            self.declared.add(out.get_name())
+            outer_outputs.append(out.get_name())
+        self.virtual_buffers.add(name)
+        if isinstance(conditional.predicate, ir.ShapeAsConstantBuffer):
+            predicate = conditional.predicate.codegen_reference()
+        else:
+            predicate = f"{name}_predicate"
+            self.writeline(
+                f"const bool {predicate} = "
+                f"cppwrap::item_long({conditional.predicate.codegen_reference()}) != 0;"
+            )
+        self.writeline(f"if ({predicate}) {{")
+        self.writeline(EnterSubgraphLine(self, conditional.true_subgraph.graph))
+        self.codegen_subgraph(conditional.true_subgraph, outer_inputs, outer_outputs)
+        self.writeline(ExitSubgraphLine(self))
+        self.writeline("} else {")
+        self.writeline(EnterSubgraphLine(self, conditional.false_subgraph.graph))
+        self.codegen_subgraph(conditional.false_subgraph, outer_inputs, outer_outputs)
+        self.writeline(ExitSubgraphLine(self))
+        self.writeline("}")
+
+    def codegen_while_loop(self, while_loop: Any, stack_output: bool = False) -> None:
+        if stack_output:
+            raise NotImplementedError(
+                "torch_cppwrap: while_loop with stacked outputs is not supported by "
+                "the C++ wrapper"
+            )
+        if getattr(while_loop, "mutation_outputs", None):
+            raise NotImplementedError(
+                "torch_cppwrap: a while_loop that mutates its carried inputs is not "
+                "supported by the C++ wrapper"
+            )
+        name = while_loop.get_name()
+        self.virtual_buffers.add(name)
+        carried = [buf.codegen_reference() for buf in while_loop.carried_inputs]
+        additional = [buf.codegen_reference() for buf in while_loop.additional_inputs]
+        outputs = [out.get_name() for out in while_loop.outputs]
+        # The carried values live in the loop's outputs: set to the initial
+        # values here, to each iteration's results at the end of the body.
+        for value, out in zip(carried, outputs, strict=True):
+            self.writeline(f"cppwrap::Tensor {out} = {self._owned(value)};")
+            self.declared.add(out)
+        cond_output = while_loop.cond_subgraph.graph.graph_outputs[0]
+        result = f"{name}_cond"
+        bool_predicate = isinstance(cond_output, ir.ShapeAsConstantBuffer)
+        self.writeline(
+            f"bool {result} = false;"
+            if bool_predicate
+            else f"cppwrap::Tensor {result};"
+        )
+        inputs = [*outputs, *additional]
+        self.writeline("while (true) {")
+        self.writeline(EnterSubgraphLine(self, while_loop.cond_subgraph.graph))
+        self.codegen_subgraph(while_loop.cond_subgraph, inputs, [result])
+        check = result if bool_predicate else f"cppwrap::item_long({result}) != 0"
+        self.writeline(f"if (!({check})) break;")
+        self.writeline(ExitSubgraphLine(self))
+        self.writeline(EnterSubgraphLine(self, while_loop.body_subgraph.graph))
+        self.codegen_subgraph(while_loop.body_subgraph, inputs, outputs)
+        self.writeline(ExitSubgraphLine(self))
+        self.writeline("}")
+
+    def codegen_subgraph(
+        self, subgraph: Any, outer_inputs: list[str], outer_outputs: list[str]
+    ) -> None:
+        """Inlines `subgraph` here, in a C++ block: its inputs are new
+        references to the outer values, its outputs are moved out."""
+        graph = subgraph.graph
+        self.writeline(f"// subgraph {subgraph.name}")
+        inner = list(graph.graph_inputs.items())
+        if len(inner) != len(outer_inputs):
+            raise NotImplementedError(
+                f"torch_cppwrap: subgraph {subgraph.name} takes {len(inner)} inputs "
+                f"but is given {len(outer_inputs)}"
+            )
+        # Take the outer values first: an inner input may share its name.
+        for (name, value), outer in zip(inner, outer_inputs, strict=True):
+            if isinstance(value, ir.TensorBox):
+                self.writeline(f"cppwrap::Tensor {name}_outer = {self._owned(outer)};")
+        for name, value in inner:
+            if isinstance(value, ir.TensorBox):
+                self.writeline(f"cppwrap::Tensor {name} = std::move({name}_outer);")
+        parent = V.graph
+        saved_inputs, self.input_tensors = self.input_tensors, OrderedSet()
+        try:
+            self.push_codegened_graph(graph)
+            with V.set_graph_handler(graph):
+                graph.codegen_subgraph(parent_graph=parent)
+            moved: set[str] = set()
+            for output, outer in zip(graph.graph_outputs, outer_outputs, strict=True):
+                ref = output.codegen_reference()
+                if isinstance(output, ir.ShapeAsConstantBuffer):
+                    self.writeline(f"{outer} = {ref};")
+                elif _is_identifier(ref) and ref not in moved:
+                    # The block's locals end here; the first use may move.
+                    moved.add(ref)
+                    self.writeline(f"{outer} = std::move({ref});")
+                else:
+                    self.writeline(f"{outer} = {self._owned(ref)};")
+        finally:
+            self.input_tensors = saved_inputs
+            self.pop_codegened_graph()
+
+    def codegen_invoke_subgraph(self, invoke_subgraph: Any) -> None:
+        raise NotImplementedError(
+            "torch_cppwrap: invoke_subgraph is not supported by the C++ wrapper yet; "
+            "compile without cpp_wrapper=True for this model"
+        )
 
     def codegen_device_copy(self, src: str, dst: str, non_blocking: Any) -> None:
         # DeviceCopy passes `src`, `dst` and the flag through val_to_arg_str,

@@ -778,30 +778,54 @@ class CppWrapperCpu(PythonWrapperCodegen):
     # ------------------------------------------------------------------
 
     def codegen_conditional(self, conditional: Any) -> None:
-        name = conditional.get_name()
-        outer_inputs = [buf.codegen_reference() for buf in conditional.operands]
+        # torch.cond before torch 2.14: a predicate and two branches.
+        predicate = self._branch_selector(conditional, conditional.predicate, "bool")
+        self._codegen_branches(
+            conditional,
+            [
+                (f"if ({predicate}) {{", conditional.true_subgraph),
+                ("} else {", conditional.false_subgraph),
+            ],
+        )
+
+    def codegen_switch(self, node: Any) -> None:
+        # torch.cond and torch.switch from torch 2.14 on: branch i runs when
+        # the selector is i, the last one otherwise.
+        selector = self._branch_selector(node, node.selector, "int64_t")
+        last = len(node.branches) - 1
+        headers = [
+            "} else {"
+            if index == last and index > 0
+            else f"{'} else ' if index else ''}if ({selector} == {index}) {{"
+            for index in range(len(node.branches))
+        ]
+        self._codegen_branches(node, list(zip(headers, node.branches, strict=True)))
+
+    def _branch_selector(self, node: Any, value: Any, ctype: str) -> str:
+        """A C++ expression for the value choosing a branch: read on the host
+        when it is a tensor."""
+        if isinstance(value, ir.ShapeAsConstantBuffer):
+            return f"static_cast<{ctype}>({value.codegen_reference()})"
+        name = f"{node.get_name()}_selector"
+        read = f"cppwrap::item_long({value.codegen_reference()})"
+        if ctype == "bool":
+            read += " != 0"
+        self.writeline(f"const {ctype} {name} = {read};")
+        return name
+
+    def _codegen_branches(self, node: Any, branches: list[tuple[str, Any]]) -> None:
+        outer_inputs = [buf.codegen_reference() for buf in node.operands]
         outer_outputs = []
-        for out in conditional.outputs:
+        for out in node.outputs:
             self.writeline(f"cppwrap::Tensor {out.get_name()};")
             self.declared.add(out.get_name())
             outer_outputs.append(out.get_name())
-        self.virtual_buffers.add(name)
-        if isinstance(conditional.predicate, ir.ShapeAsConstantBuffer):
-            predicate = conditional.predicate.codegen_reference()
-        else:
-            predicate = f"{name}_predicate"
-            self.writeline(
-                f"const bool {predicate} = "
-                f"cppwrap::item_long({conditional.predicate.codegen_reference()}) != 0;"
-            )
-        self.writeline(f"if ({predicate}) {{")
-        self.writeline(EnterSubgraphLine(self, conditional.true_subgraph.graph))
-        self.codegen_subgraph(conditional.true_subgraph, outer_inputs, outer_outputs)
-        self.writeline(ExitSubgraphLine(self))
-        self.writeline("} else {")
-        self.writeline(EnterSubgraphLine(self, conditional.false_subgraph.graph))
-        self.codegen_subgraph(conditional.false_subgraph, outer_inputs, outer_outputs)
-        self.writeline(ExitSubgraphLine(self))
+        self.virtual_buffers.add(node.get_name())
+        for header, subgraph in branches:
+            self.writeline(header)
+            self.writeline(EnterSubgraphLine(self, subgraph.graph))
+            self.codegen_subgraph(subgraph, outer_inputs, outer_outputs)
+            self.writeline(ExitSubgraphLine(self))
         self.writeline("}")
 
     def codegen_while_loop(self, while_loop: Any, stack_output: bool = False) -> None:
@@ -872,7 +896,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
             with V.set_graph_handler(graph):
                 graph.codegen_subgraph(parent_graph=parent)
             moved: set[str] = set()
-            for output, outer in zip(graph.graph_outputs, outer_outputs, strict=True):
+            # As upstream: outer outputs past the subgraph's own (torch 2.14
+            # adds some) are not assigned here.
+            for output, outer in zip(graph.graph_outputs, outer_outputs, strict=False):
                 ref = output.codegen_reference()
                 if isinstance(output, ir.ShapeAsConstantBuffer):
                     self.writeline(f"{outer} = {ref};")
@@ -905,17 +931,40 @@ class CppWrapperCpu(PythonWrapperCodegen):
         )
 
     def write_assert_size_stride(
-        self, name: str, size: str, stride: str, op_name: str
+        self,
+        name: str,
+        size: str,
+        stride: str,
+        op_name: str,
+        dtype: torch.dtype | None = None,
     ) -> None:
+        # torch 2.14 passes the dtype too, when the op's output dtype is worth
+        # checking.
         self.writeline(
-            f"cppwrap::assert_size_stride({name}, {size}, {stride}, {spell.string_literal(op_name or name)});"
+            self._assert_size_stride_line(name, size, stride, op_name, dtype)
         )
 
     def _codegen_assert_size_stride(
-        self, code: Any, name: str, size: str, stride: str, op_name: str
+        self,
+        code: Any,
+        name: str,
+        size: str,
+        stride: str,
+        op_name: str,
+        dtype: torch.dtype | None = None,
     ) -> None:
         code.writeline(
-            f"cppwrap::assert_size_stride({name}, {size}, {stride}, {spell.string_literal(op_name or name)});"
+            self._assert_size_stride_line(name, size, stride, op_name, dtype)
+        )
+
+    @staticmethod
+    def _assert_size_stride_line(
+        name: str, size: str, stride: str, op_name: str, dtype: torch.dtype | None
+    ) -> str:
+        dtype_arg = "" if dtype is None else f", {spell.dtype_code(dtype)}"
+        return (
+            f"cppwrap::assert_size_stride({name}, {size}, {stride}, "
+            f"{spell.string_literal(op_name or name)}{dtype_arg});"
         )
 
     def codegen_unbacked_symbol_decl(self, symbol: sympy.Symbol) -> str:

@@ -306,9 +306,9 @@ inline void check_input(
 // The layout check Inductor asks for after an op whose output layout it
 // assumed; `op` names the operator.
 inline void assert_size_stride(
-    const Tensor& t, IntList sizes, IntList strides, const char* op) {
+    const Tensor& t, IntList sizes, IntList strides, const char* op, int32_t dtype = -1) {
   if (api->check_input(
-          t.slot(), op, -1, static_cast<int64_t>(sizes.size()), sizes.begin(),
+          t.slot(), op, dtype, static_cast<int64_t>(sizes.size()), sizes.begin(),
           strides.begin()) != 0) {
     throw Error(std::string("output of ") + api->last_error());
   }

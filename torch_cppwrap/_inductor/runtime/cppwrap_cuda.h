@@ -572,22 +572,11 @@ class GraphReplay {
   static PyObject* cppwrap_install_graph(PyObject*, PyObject* args) {           \
     return cuda_graph.install(args);                                            \
   }                                                                             \
-  static PyMethodDef cppwrap_methods[] = {                                      \
-      {"call", (PyCFunction)call_impl, METH_O, "Run the compiled graph."},      \
+  CPPWRAP_DEFINE_MODULE_WITH_METHODS(                                           \
+      doc,                                                                      \
       {"call_eager", (PyCFunction)call_eager_impl, METH_O,                      \
        "Run the compiled graph kernel by kernel, never as a CUDA graph."},      \
       {"cuda_graph_state", (PyCFunction)cppwrap_graph_state, METH_NOARGS,       \
        "warmup, capture, capturing, ready (replaying) or off."},                \
       {"install_cuda_graph", (PyCFunction)cppwrap_install_graph, METH_VARARGS,  \
-       "Used by torch_cppwrap._inductor.runtime.cuda_graphs.capture."},         \
-      {"bind_constants", (PyCFunction)bind_constants, METH_O,                   \
-       "Give the module the namespace that holds the graph's constants."},      \
-      {nullptr, nullptr, 0, nullptr}};                                          \
-  static PyModuleDef cppwrap_module_def = {                                     \
-      PyModuleDef_HEAD_INIT, "cppwrap_graph", doc, -1, cppwrap_methods};        \
-  PyMODINIT_FUNC PyInit_cppwrap_graph(void) {                                   \
-    if (!cppwrap::import_api()) {                                               \
-      return nullptr;                                                           \
-    }                                                                           \
-    return PyModule_Create(&cppwrap_module_def);                                \
-  }
+       "Used by torch_cppwrap._inductor.runtime.cuda_graphs.capture."}, )

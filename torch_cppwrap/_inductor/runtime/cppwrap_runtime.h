@@ -674,15 +674,16 @@ inline bool import_api() {
   }
 
 // Defines the module's initialiser and a `call(args: list)` method backed by
-// `call_impl`.  Every wrapper module has the same PyInit_ name (the loader
-// tells them apart by path), so nothing module-specific is defined on the
-// command line and the precompiled header stays valid.
-#define CPPWRAP_DEFINE_MODULE(doc)                                              \
+// `call_impl`, plus any further PyMethodDef entries given after `doc`, each
+// followed by a comma.  Every wrapper module has the same PyInit_ name (the
+// loader tells them apart by path), so nothing module-specific is defined on
+// the command line and the precompiled header stays valid.
+#define CPPWRAP_DEFINE_MODULE_WITH_METHODS(doc, ...)                            \
   static PyMethodDef cppwrap_methods[] = {                                      \
       {"call", (PyCFunction)call_impl, METH_O, "Run the compiled graph."},      \
       {"bind_constants", (PyCFunction)bind_constants, METH_O,                   \
        "Give the module the namespace that holds the graph's constants."},      \
-      {nullptr, nullptr, 0, nullptr}};                                          \
+      __VA_ARGS__{nullptr, nullptr, 0, nullptr}};                               \
   static PyModuleDef cppwrap_module_def = {                                     \
       PyModuleDef_HEAD_INIT, "cppwrap_graph", doc, -1, cppwrap_methods};        \
   PyMODINIT_FUNC PyInit_cppwrap_graph(void) {                                   \
@@ -691,3 +692,5 @@ inline bool import_api() {
     }                                                                           \
     return PyModule_Create(&cppwrap_module_def);                                \
   }
+
+#define CPPWRAP_DEFINE_MODULE(doc) CPPWRAP_DEFINE_MODULE_WITH_METHODS(doc)

@@ -273,6 +273,31 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         (module,) = [m for m in PyCodeCache.modules[before:] if hasattr(m, "call")]
         return compiled, module._module, source
 
+    def check_from_threads(
+        self, call: Callable[[], torch.Tensor], expected: torch.Tensor, *, calls: int
+    ) -> None:
+        """Runs `call` `calls` times in each of two threads at once; every
+        result must match `expected`, and no thread may raise."""
+        results: list[torch.Tensor] = []
+        errors: list[str] = []
+
+        def worker() -> None:
+            try:
+                results.extend(call() for _ in range(calls))
+            except Exception:
+                errors.append(traceback.format_exc())
+
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        torch.cuda.synchronize()
+        self.assertFalse(errors, "\n".join(errors))
+        self.assertEqual(len(results), 2 * calls)
+        for out in results:
+            self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
+
     def test_mlp_is_replayed_and_matches_eager(self) -> None:
         model = mlp(depth=4).cuda().eval()
         x = torch.randn(32, 256, device="cuda")
@@ -336,27 +361,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
         # Two threads replaying the module's graph at once (the C++ entry
         # point itself, so that only the replay is shared).
-        results: list[torch.Tensor] = []
-        errors: list[str] = []
-
-        def worker() -> None:
-            try:
-                for _ in range(50):
-                    (result,) = module.call([x, w])
-                    results.append(result)
-            except Exception:
-                errors.append(traceback.format_exc())
-
-        threads = [threading.Thread(target=worker) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        torch.cuda.synchronize()
-        self.assertFalse(errors, "\n".join(errors))
-        self.assertEqual(len(results), 100)
-        for out in results:
-            self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
+        self.check_from_threads(lambda: module.call([x, w])[0], expected, calls=50)
         self.assertEqual(module.cuda_graph_state(), "ready")
 
     def test_compiled_model_called_from_threads(self) -> None:
@@ -365,25 +370,12 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         with torch.no_grad():
             compiled, module, _ = self.compile_module(model, (x,))
             expected = model(x)
-        results: list[torch.Tensor] = []
-        errors: list[str] = []
 
-        def worker() -> None:
-            try:
-                with torch.no_grad():  # grad mode is per thread
-                    results.extend(compiled(x) for _ in range(20))
-            except Exception:
-                errors.append(traceback.format_exc())
+        def call() -> torch.Tensor:
+            with torch.no_grad():  # grad mode is per thread
+                return compiled(x)
 
-        threads = [threading.Thread(target=worker) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        torch.cuda.synchronize()
-        self.assertFalse(errors, "\n".join(errors))
-        for out in results:
-            self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
+        self.check_from_threads(call, expected, calls=20)
         self.assertEqual(module.cuda_graph_state(), "ready")
 
     def test_switched_off_by_the_environment(self) -> None:

@@ -286,6 +286,41 @@ class TestOutputsAndInputs(CppWrapperTestCase):
         self.assertIsNone(dead())
         self.assertEqual(added, expected)
 
+    def test_small_outputs_behave_like_any_cpu_tensor(self) -> None:
+        # Buffers up to 64 KiB skip the default CPU allocator's bookkeeping;
+        # what a caller can observe must not change.
+        from torch._inductor.codecache import PyCodeCache
+
+        def fn(x):
+            return x.sum(), x * 2, (x + 1).repeat(200, 1)
+
+        x = torch.randn(4, 40)
+        before = len(PyCodeCache.modules)
+        self.compile_and_run(fn, (x,))
+        (module,) = [m for m in PyCodeCache.modules[before:] if hasattr(m, "call")]
+        total, doubled, big = module.call([x])
+        self.assertEqual(total, x.sum())
+        self.assertEqual(doubled, x * 2)
+        self.assertEqual(big, (x + 1).repeat(200, 1))  # 128 KB: the default path
+        for out in (total, doubled, big):
+            self.assertEqual(out.untyped_storage().data_ptr() % 64, 0)
+            self.assertTrue(out.untyped_storage().resizable())
+        # Storage resizes through the default allocator and keeps the data.
+        expected = doubled.clone()
+        doubled.resize_(64, 64)
+        self.assertEqual(doubled.flatten()[:160], expected.flatten())
+        # The memory profiler sees the small outputs too (the fast path steps
+        # aside while it records memory).
+        with torch.profiler.profile(profile_memory=True) as prof:
+            module.call([x])
+        sizes = {
+            event.cpu_memory_usage
+            for event in prof.events()
+            if event.name == "[memory]"
+        }
+        self.assertIn(4, sizes)  # the 0-d sum
+        self.assertIn(4 * 160, sizes)  # x * 2
+
 
 if __name__ == "__main__":
     run_tests()

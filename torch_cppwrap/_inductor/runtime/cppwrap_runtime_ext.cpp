@@ -11,9 +11,13 @@
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/record_function.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <new>
 #include <sstream>
 #include <string>
@@ -141,6 +145,55 @@ void adopt(AtenTensorHandle handle, void* dst) {
   delete owned;
 }
 
+// Small CPU buffers skip the default CPU allocator's bookkeeping.  That
+// allocator asks posix_memalign for 64-byte alignment (a slow path of glibc
+// that bypasses its per-thread cache) and reports each block to the memory
+// profiler through a mutex-guarded table; for a buffer of a few bytes that is
+// most of the ~220 ns an empty tensor costs.  Here the block comes from plain
+// malloc, padded by the alignment and aligned by hand, and the tensor is built
+// directly.  The storage keeps the default allocator, so resize_ and friends
+// behave as for any CPU tensor.  Only taken while the default CPU allocator is
+// installed and the profiler is not recording memory, so both still see every
+// allocation they would have seen.
+constexpr size_t kSmallBufferBytes = 64 * 1024;
+constexpr uintptr_t kCpuAlignment = 64;  // what c10's alloc_cpu guarantees
+
+void free_small_buffer(void* raw) {
+  std::free(raw);
+}
+
+bool small_cpu_buffer(
+    c10::IntArrayRef size,
+    c10::IntArrayRef stride,
+    c10::ScalarType scalar_type,
+    void* dst) {
+  const auto dtype = c10::scalarTypeToTypeMeta(scalar_type);
+  const size_t nbytes = at::detail::computeStorageNbytes(size, stride, dtype.itemsize());
+  if (nbytes == 0 || nbytes > kSmallBufferBytes ||
+      c10::GetCPUAllocator() != c10::GetDefaultCPUAllocator() ||
+      c10::memoryProfilingEnabled()) {
+    return false;
+  }
+  void* raw = std::malloc(nbytes + kCpuAlignment - 1);
+  if (raw == nullptr) {
+    return false;  // let the default allocator raise its out-of-memory error
+  }
+  void* data = reinterpret_cast<void*>(
+      (reinterpret_cast<uintptr_t>(raw) + kCpuAlignment - 1) & ~(kCpuAlignment - 1));
+  c10::Storage storage(
+      c10::Storage::use_byte_size_t(),
+      nbytes,
+      c10::DataPtr(data, raw, free_small_buffer, c10::Device(c10::DeviceType::CPU)),
+      c10::GetCPUAllocator(),
+      /*resizable=*/true);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);
+  // Always: a new TensorImpl has size [0], not the 0-d shape of `{}`.
+  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride);
+  new (dst) at::Tensor(std::move(tensor));
+  return true;
+}
+
 int empty_strided(
     int64_t ndim,
     const int64_t* sizes,
@@ -155,6 +208,9 @@ int empty_strided(
     auto scalar_type = static_cast<c10::ScalarType>(dtype);
     auto device_kind = static_cast<c10::DeviceType>(device_type);
     if (device_kind == c10::DeviceType::CPU) {
+      if (small_cpu_buffer(size, stride, scalar_type, dst)) {
+        return;
+      }
       new (dst) at::Tensor(at::detail::empty_strided_cpu(size, stride, scalar_type));
     } else {
       new (dst) at::Tensor(at::empty_strided(

@@ -113,6 +113,35 @@ class TestReport(TestCase):
         )
         self.assertNotIn("## Problems", text)
 
+    def test_each_row_is_written_as_it_finishes(self) -> None:
+        # A run stopped by a time limit keeps the rows it finished.
+        from pathlib import Path
+        from unittest import mock
+
+        def fake_worker(workload, mode, phase, **kwargs):
+            if mode == "upstream":
+                raise KeyboardInterrupt  # stands in for the run being killed
+            return {"compile_s": 1.0, "ok": True, "e2e_us": 3.0, "call_us": 2.0}
+
+        with tempfile.TemporaryDirectory() as tmp, mock.patch.object(
+            _bench, "spawn_worker", fake_worker
+        ), mock.patch.object(_bench, "progress"):
+            out = Path(tmp)
+            with self.assertRaises(KeyboardInterrupt):
+                _bench.run_bench(
+                    ["seed"],
+                    ["python", "upstream"],
+                    device="cpu",
+                    quick=True,
+                    timeout_s=1.0,
+                    on_record=lambda partial: _bench.write_report(
+                        partial, out, final=False
+                    ),
+                )
+            text = (out / "bench.md").read_text()
+        self.assertIn("| seed | python | yes | 1.00 | 1.00 | 3.0 | 2.0 |", text)
+        self.assertNotIn("| seed | upstream |", text)
+
 
 if __name__ == "__main__":
     run_tests()

@@ -631,7 +631,10 @@ def run_bench(
     quick: bool,
     timeout_s: float,
     threads: int | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
+    """Runs every workload in every mode; `on_record` gets the report so far
+    after each (workload, mode) row, so an interrupted run keeps its rows."""
     if "cppwrap" in modes:
         progress("preparing torch_cppwrap's runtime (built once per torch version)...")
         prepare_torch_cppwrap()
@@ -664,9 +667,21 @@ def run_bench(
             finally:
                 shutil.rmtree(cache_dir, ignore_errors=True)
             records.append(_merge(workload, mode, phases["cold"], phases["warm"]))
+            if on_record is not None:
+                on_record(_report(device, quick, workloads, modes, records))
+    return _report(device, quick, workloads, modes, records)
+
+
+def _report(
+    device: str,
+    quick: bool,
+    workloads: Sequence[str],
+    modes: Sequence[str],
+    records: list[dict[str, Any]],
+) -> dict[str, Any]:
     return {
         "meta": _meta(device, quick, workloads, modes, records),
-        "results": records,
+        "results": list(records),
         "ratios": ratios(records),
     }
 
@@ -915,11 +930,14 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     return True
 
 
-def write_report(report: dict[str, Any], out: Path) -> str:
+def write_report(report: dict[str, Any], out: Path, *, final: bool = True) -> str:
+    """Writes bench.md and bench.json (and, when `final`, the plot)."""
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(report)
     (out / "bench.md").write_text(text)
     (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    if not final:
+        return text
     if plot(report, out / "bench.png"):
         progress(f"wrote {out / 'bench.png'}")
     progress(f"wrote {out / 'bench.md'} and {out / 'bench.json'}")
@@ -999,6 +1017,9 @@ def run_from_args(ns: argparse.Namespace) -> int:
         quick=ns.quick,
         timeout_s=ns.timeout,
         threads=ns.threads,
+        # Rows so far, rewritten after each one: a run stopped by a time limit
+        # still leaves its table behind.
+        on_record=lambda partial: write_report(partial, ns.out, final=False),
     )
     report["meta"]["total_s"] = time.perf_counter() - started
     print(write_report(report, ns.out))

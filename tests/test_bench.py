@@ -123,9 +123,11 @@ class TestReport(TestCase):
                 raise KeyboardInterrupt  # stands in for the run being killed
             return {"compile_s": 1.0, "ok": True, "e2e_us": 3.0, "call_us": 2.0}
 
-        with tempfile.TemporaryDirectory() as tmp, mock.patch.object(
-            _bench, "spawn_worker", fake_worker
-        ), mock.patch.object(_bench, "progress"):
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            mock.patch.object(_bench, "spawn_worker", fake_worker),
+            mock.patch.object(_bench, "progress"),
+        ):
             out = Path(tmp)
             with self.assertRaises(KeyboardInterrupt):
                 _bench.run_bench(

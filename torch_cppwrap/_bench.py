@@ -631,7 +631,7 @@ def run_bench(
     quick: bool,
     timeout_s: float,
     threads: int | None = None,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
+    on_record: Callable[[dict[str, Any]], object] | None = None,
 ) -> dict[str, Any]:
     """Runs every workload in every mode; `on_record` gets the report so far
     after each (workload, mode) row, so an interrupted run keeps its rows."""

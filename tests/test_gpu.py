@@ -6,6 +6,7 @@ import copy
 import threading
 import traceback
 import unittest
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 from unittest import mock
@@ -18,6 +19,7 @@ from torch._inductor.utils import run_and_get_code
 
 import torch_cppwrap
 from torch_cppwrap._inductor.codegen.cpp_wrapper_gpu import CppWrapperGpu
+from torch_cppwrap._inductor.runtime import cuda_graphs
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_MULTI_GPU = HAS_CUDA and torch.cuda.device_count() >= 2
@@ -335,12 +337,35 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             torch.randn(32, 32, device="cuda"),
             torch.randn(32, 8, device="cuda"),
         )
-        compiled, module, _ = self.compile_module(fn, args)
-        for step in range(6):
-            if step == 2:  # new weights at new addresses from here on
-                args = [args[0], args[1].clone(), args[2].clone() * 2]
-            self.assertEqual(compiled(*args), fn(*args), atol=1e-3, rtol=1e-3)
+        # Every CUDA graph made, and how many were alive at each capture: the
+        # graph a recapture replaces must be gone (with its memory pool)
+        # before the new one is captured.
+        made: list[weakref.ref[torch.cuda.CUDAGraph]] = []
+        alive_at_capture: list[int] = []
+
+        class CountedGraph(torch.cuda.CUDAGraph):
+            def __init__(self, *a: Any, **kw: Any) -> None:
+                super().__init__(*a, **kw)
+                made.append(weakref.ref(self))
+
+        real_capture = cuda_graphs.capture
+
+        def counting_capture(*a: Any) -> Any:
+            alive_at_capture.append(sum(g() is not None for g in made))
+            return real_capture(*a)
+
+        with (
+            mock.patch.object(torch.cuda, "CUDAGraph", CountedGraph),
+            mock.patch.object(cuda_graphs, "capture", counting_capture),
+        ):
+            compiled, module, _ = self.compile_module(fn, args)
+            for step in range(6):
+                if step == 2:  # new weights at new addresses from here on
+                    args = [args[0], args[1].clone(), args[2].clone() * 2]
+                self.assertEqual(compiled(*args), fn(*args), atol=1e-3, rtol=1e-3)
         self.assertEqual(module.cuda_graph_state(), "ready")
+        self.assertEqual(alive_at_capture, [0, 0])
+        self.assertEqual(len(made), 2)
 
     def test_other_stream_and_threads(self) -> None:
         def fn(x, w):

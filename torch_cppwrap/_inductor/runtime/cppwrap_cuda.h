@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cppwrap_runtime.h"
@@ -365,7 +366,23 @@ class GraphReplay {
   // reference), Py_None (new reference) when the graph was not captured and
   // the call should run the kernels itself, or nullptr with an exception set.
   PyObject* capture(PyObject* module, PyObject* args) {
-    state_.store(kCapturing, std::memory_order_release);
+    PyObject* replaced = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      state_.store(kCapturing, std::memory_order_release);
+      // On a recapture the old graph goes first: its memory pool is freed for
+      // the new capture instead of being held beside it (twice the memory at
+      // the peak).  No replay can start now that the state is not kReady.
+      for (Input& in : inputs_) {
+        in.buffer.reset();
+      }
+      for (Output& out : outputs_) {
+        out.pool.reset();
+      }
+      replaced = std::exchange(graph_, nullptr);
+      exec_ = nullptr;
+    }
+    Py_XDECREF(replaced);
     PyObject* ptrs = PyList_New(static_cast<Py_ssize_t>(first_ptrs_.size()));
     if (ptrs == nullptr) {
       state_.store(kOff, std::memory_order_release);
@@ -408,12 +425,6 @@ class GraphReplay {
     if (state() != kCapturing) {
       PyErr_SetString(PyExc_RuntimeError, "torch_cppwrap: CUDA graph installed out of turn");
       return nullptr;
-    }
-    for (Input& in : inputs_) {
-      in.buffer.reset();
-    }
-    for (Output& out : outputs_) {
-      out.pool.reset();
     }
     const size_t n_in = inputs_.size();
     const size_t n_out = outputs_.size();
@@ -459,7 +470,7 @@ class GraphReplay {
       }
     }
     Py_INCREF(graph);
-    Py_XSETREF(graph_, graph);
+    graph_ = graph;  // capture() released the one this replaces
     exec_ = reinterpret_cast<CUgraphExec>(static_cast<uintptr_t>(exec));
     device_ = device;
     stream_ = reinterpret_cast<void*>(static_cast<uintptr_t>(stream));

@@ -340,13 +340,20 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         # Every CUDA graph made, and how many were alive at each capture: the
         # graph a recapture replaces must be gone (with its memory pool)
         # before the new one is captured.
+        # And both captures use one stream (cuBLAS keeps a workspace for every
+        # stream it ran on).
         made: list[weakref.ref[torch.cuda.CUDAGraph]] = []
         alive_at_capture: list[int] = []
+        capture_streams: list[int] = []
 
         class CountedGraph(torch.cuda.CUDAGraph):
             def __init__(self, *a: Any, **kw: Any) -> None:
                 super().__init__(*a, **kw)
                 made.append(weakref.ref(self))
+
+            def capture_begin(self, *a: Any, **kw: Any) -> None:
+                capture_streams.append(torch.cuda.current_stream().cuda_stream)
+                super().capture_begin(*a, **kw)
 
         real_capture = cuda_graphs.capture
 
@@ -366,6 +373,8 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         self.assertEqual(module.cuda_graph_state(), "ready")
         self.assertEqual(alive_at_capture, [0, 0])
         self.assertEqual(len(made), 2)
+        self.assertEqual(len(capture_streams), 2)
+        self.assertEqual(capture_streams[0], capture_streams[1])
 
     def test_other_stream_and_threads(self) -> None:
         def fn(x, w):

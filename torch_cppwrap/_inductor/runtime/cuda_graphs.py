@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 import torch
@@ -35,6 +36,22 @@ def enabled() -> bool:
         "no",
         "off",
     )
+
+
+# One capture stream per device, shared by every capture.  cuBLAS keeps a
+# workspace (32 MiB on Hopper) for each stream it runs on, for the process's
+# lifetime: a fresh stream per capture would add one per recapture.  The lock
+# keeps two threads from capturing on it at once.
+_capture_streams: dict[int, torch.cuda.Stream] = {}
+_capture_lock = threading.Lock()
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _capture_streams.get(index)
+    if stream is None:
+        stream = _capture_streams[index] = torch.cuda.Stream(device)
+    return stream
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -75,7 +92,8 @@ def capture(module: Any, args: list[Any], first_ptrs: list[int]) -> Any:
         log.debug("torch_cppwrap: this torch cannot hand a CUDA graph to C++")
         return None
     try:
-        return _capture(module, args, first_ptrs)
+        with _capture_lock:
+            return _capture(module, args, first_ptrs)
     except Exception as e:  # the module falls back to launching kernel by kernel
         log.warning(
             "torch_cppwrap: capturing the graph as a CUDA graph failed; it runs "
@@ -113,7 +131,7 @@ def _capture(module: Any, args: list[Any], first_ptrs: list[int]) -> Any:
     stream = torch.cuda.current_stream(device)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.device(device):
-        side = torch.cuda.Stream(device)
+        side = _capture_stream(device)
         # One run on the capture stream, from this thread, first: cuBLAS makes
         # its handle per thread and its workspace per stream, neither of which
         # may happen while capturing (a failed capture can leave the CUDA

@@ -113,36 +113,75 @@ class TestReport(TestCase):
         )
         self.assertNotIn("## Problems", text)
 
+    def _run_fake(self, worker, out, rounds):
+        from unittest import mock
+
+        with (
+            mock.patch.object(_bench, "spawn_worker", worker),
+            mock.patch.object(_bench, "progress"),
+        ):
+            return _bench.run_bench(
+                ["seed"],
+                ["python", "upstream"],
+                device="cpu",
+                quick=True,
+                timeout_s=1.0,
+                rounds=rounds,
+                on_record=lambda partial: _bench.write_report(
+                    partial, out, final=False
+                ),
+            )
+
+    def test_rounds_alternate_and_keep_the_fastest(self) -> None:
+        from pathlib import Path
+
+        calls = []
+
+        def worker(workload, mode, phase, **kwargs):
+            calls.append((mode, phase))
+            # python is slow in its first warm round, fast in its second.
+            slow = mode == "python" and calls.count((mode, "warm")) == 1
+            e2e = 9.0 if slow else 3.0
+            return {"compile_s": 1.0, "ok": True, "e2e_us": e2e, "call_us": 2.0}
+
+        with tempfile.TemporaryDirectory() as tmp:
+            report = self._run_fake(worker, Path(tmp), rounds=2)
+        self.assertEqual(
+            calls,
+            [
+                ("python", "cold"),
+                ("upstream", "cold"),
+                ("python", "warm"),
+                ("upstream", "warm"),
+                ("upstream", "warm"),  # the second round in the other order
+                ("python", "warm"),
+            ],
+        )
+        python = next(r for r in report["results"] if r["mode"] == "python")
+        self.assertEqual(python["e2e_us"], 3.0)
+        self.assertEqual([r["e2e_us"] for r in python["warm_rounds"]], [9.0, 3.0])
+        self.assertEqual(report["meta"]["rounds"], 2)
+
     def test_each_row_is_written_as_it_finishes(self) -> None:
         # A run stopped by a time limit keeps the rows it finished.
         from pathlib import Path
-        from unittest import mock
 
-        def fake_worker(workload, mode, phase, **kwargs):
-            if mode == "upstream":
+        calls = []
+
+        def worker(workload, mode, phase, **kwargs):
+            calls.append((mode, phase))
+            if len(calls) == 5:  # the second round's first worker
                 raise KeyboardInterrupt  # stands in for the run being killed
             return {"compile_s": 1.0, "ok": True, "e2e_us": 3.0, "call_us": 2.0}
 
-        with (
-            tempfile.TemporaryDirectory() as tmp,
-            mock.patch.object(_bench, "spawn_worker", fake_worker),
-            mock.patch.object(_bench, "progress"),
-        ):
+        with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp)
             with self.assertRaises(KeyboardInterrupt):
-                _bench.run_bench(
-                    ["seed"],
-                    ["python", "upstream"],
-                    device="cpu",
-                    quick=True,
-                    timeout_s=1.0,
-                    on_record=lambda partial: _bench.write_report(
-                        partial, out, final=False
-                    ),
-                )
+                self._run_fake(worker, out, rounds=2)
             text = (out / "bench.md").read_text()
         self.assertIn("| seed | python | yes | 1.00 | 1.00 | 3.0 | 2.0 |", text)
-        self.assertNotIn("| seed | upstream |", text)
+        self.assertIn("| seed | upstream | yes | 1.00 | 1.00 | 3.0 | 2.0 |", text)
+        self.assertIn("- rounds: 1 (warm processes per mode", text)
 
 
 if __name__ == "__main__":

@@ -632,44 +632,85 @@ def run_bench(
     timeout_s: float,
     threads: int | None = None,
     on_record: Callable[[dict[str, Any]], object] | None = None,
+    rounds: int = 1,
 ) -> dict[str, Any]:
-    """Runs every workload in every mode; `on_record` gets the report so far
-    after each (workload, mode) row, so an interrupted run keeps its rows."""
+    """Runs every workload in every mode: a cold compile per mode, then
+    `rounds` rounds of warm compile + timing per mode.  `on_record` gets the
+    report so far after each round, so an interrupted run keeps its rows."""
     if "cppwrap" in modes:
         progress("preparing torch_cppwrap's runtime (built once per torch version)...")
         prepare_torch_cppwrap()
-    records = []
-    steps = len(workloads) * len(modes) * 2
+    records: list[dict[str, Any]] = []
+    steps = len(workloads) * len(modes) * (1 + rounds)
     step = 0
+
+    def run(workload: str, mode: str, phase: str, cache_dir: str) -> dict[str, Any]:
+        nonlocal step
+        step += 1
+        what = "cold compile" if phase == "cold" else "warm compile + timing"
+        if phase == "warm" and rounds > 1:
+            what += f" (round {len(warm[mode]) + 1}/{rounds})"
+        progress(f"[{step}/{steps}] {workload} / {mode}: {what}...")
+        r = spawn_worker(
+            workload,
+            mode,
+            phase,
+            device=device,
+            quick=quick,
+            cache_dir=cache_dir,
+            timeout_s=timeout_s,
+            threads=threads,
+        )
+        progress("    " + _summary(r))
+        return r
+
     for workload in workloads:
-        for mode in modes:
-            cache_dir = tempfile.mkdtemp(prefix=f"cppwrap-bench-{workload}-{mode}-")
-            try:
-                phases = {}
-                for phase in ("cold", "warm"):
-                    step += 1
-                    what = (
-                        "cold compile" if phase == "cold" else "warm compile + timing"
-                    )
-                    progress(f"[{step}/{steps}] {workload} / {mode}: {what}...")
-                    r = spawn_worker(
-                        workload,
-                        mode,
-                        phase,
-                        device=device,
-                        quick=quick,
-                        cache_dir=cache_dir,
-                        timeout_s=timeout_s,
-                        threads=threads,
-                    )
-                    phases[phase] = r
-                    progress("    " + _summary(r))
-            finally:
+        cache_dirs = {
+            mode: tempfile.mkdtemp(prefix=f"cppwrap-bench-{workload}-{mode}-")
+            for mode in modes
+        }
+        cold: dict[str, dict[str, Any]] = {}
+        warm: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+        done = len(records)
+        try:
+            for mode in modes:
+                cold[mode] = run(workload, mode, "cold", cache_dirs[mode])
+            # Timing rounds alternate the order of the modes, so that a slow
+            # spell of the machine does not land on one mode only.
+            for round_ in range(rounds):
+                for mode in modes if round_ % 2 == 0 else list(reversed(modes)):
+                    warm[mode].append(run(workload, mode, "warm", cache_dirs[mode]))
+                records[done:] = [
+                    {
+                        **_merge(workload, mode, cold[mode], _best_round(warm[mode])),
+                        "warm_rounds": list(warm[mode]),
+                    }
+                    for mode in modes
+                ]
+                if on_record is not None:
+                    on_record(_report(device, quick, workloads, modes, records))
+        finally:
+            for cache_dir in cache_dirs.values():
                 shutil.rmtree(cache_dir, ignore_errors=True)
-            records.append(_merge(workload, mode, phases["cold"], phases["warm"]))
-            if on_record is not None:
-                on_record(_report(device, quick, workloads, modes, records))
     return _report(device, quick, workloads, modes, records)
+
+
+TIMED = ("compile_s", "e2e_us", "e2e_us_median", "call_us", "call_us_median")
+
+
+def _best_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One warm result from several rounds: the first round's, with each time
+    the fastest any round measured (an error in any round is kept)."""
+    best = dict(rounds[0])
+    for r in rounds[1:]:
+        if "error" in r and "error" not in best:
+            best["error"] = r["error"]
+        for key in TIMED:
+            if r.get(key) is not None and (best.get(key) is None or r[key] < best[key]):
+                best[key] = r[key]
+    best["ok"] = all(r.get("ok") for r in rounds)
+    best["rounds"] = len(rounds)
+    return best
 
 
 def _report(
@@ -730,6 +771,7 @@ def _meta(
             None,
         ),
         "quick": quick,
+        "rounds": max((r["warm"].get("rounds", 1) for r in records), default=1),
         "repeats": budget.repeats,
         "repeat_target_s": budget.target_s,
         "workloads": {w: WORKLOADS[w].description for w in workloads},
@@ -840,6 +882,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"`call(list(args))` alone, on its `get_args()` inputs, summed over graphs. The fastest of "
         f"{meta['repeats']} repeats of ~{meta['repeat_target_s']} s each, after warm-up (medians in "
         "bench.json); inference under torch.no_grad().",
+        f"- rounds: {meta.get('rounds', 1)} (warm processes per mode, the modes in alternating "
+        "order); each warm time above is the fastest round's, every round is in bench.json.",
         f"- peak MB: rise of the warm process's {memory} from just before its first call "
         "(loading the cached graph included) to the end of timing.",
     ]
@@ -978,6 +1022,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quick", action="store_true", help="fewer, shorter timing repeats"
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="warm compile + timing processes per mode, in alternating order; "
+        "each time reported is the fastest round's (default: 2)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=900.0, help="seconds per worker process"
     )
     parser.add_argument(
@@ -994,6 +1045,9 @@ def run_from_args(ns: argparse.Namespace) -> int:
     ]
     if unknown:
         progress(f"error: unknown workload or mode: {', '.join(unknown)}")
+        return 2
+    if ns.rounds < 1:
+        progress(f"error: --rounds must be at least 1, got {ns.rounds}")
         return 2
     if ns.device == "cuda":
         import torch
@@ -1017,6 +1071,7 @@ def run_from_args(ns: argparse.Namespace) -> int:
         quick=ns.quick,
         timeout_s=ns.timeout,
         threads=ns.threads,
+        rounds=ns.rounds,
         # Rows so far, rewritten after each one: a run stopped by a time limit
         # still leaves its table behind.
         on_record=lambda partial: write_report(partial, ns.out, final=False),

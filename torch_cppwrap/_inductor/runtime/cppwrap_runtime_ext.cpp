@@ -169,9 +169,9 @@ bool small_cpu_buffer(
     void* dst) {
   const auto dtype = c10::scalarTypeToTypeMeta(scalar_type);
   const size_t nbytes = at::detail::computeStorageNbytes(size, stride, dtype.itemsize());
+  c10::Allocator* allocator = c10::GetCPUAllocator();
   if (nbytes == 0 || nbytes > kSmallBufferBytes ||
-      c10::GetCPUAllocator() != c10::GetDefaultCPUAllocator() ||
-      c10::memoryProfilingEnabled()) {
+      allocator != c10::GetDefaultCPUAllocator() || c10::memoryProfilingEnabled()) {
     return false;
   }
   void* raw = std::malloc(nbytes + kCpuAlignment - 1);
@@ -184,7 +184,7 @@ bool small_cpu_buffer(
       c10::Storage::use_byte_size_t(),
       nbytes,
       c10::DataPtr(data, raw, free_small_buffer, c10::Device(c10::DeviceType::CPU)),
-      c10::GetCPUAllocator(),
+      allocator,
       /*resizable=*/true);
   auto tensor = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), dtype);

@@ -46,6 +46,7 @@ RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 RUNTIME_HEADERS = (
     "cppwrap_api.h",
     "cppwrap_dtypes.h",
+    "cppwrap_sizes.h",
     "cppwrap_runtime.h",
     "cppwrap_cuda.h",
 )

@@ -17,6 +17,7 @@
 
 #include "cppwrap_api.h"
 #include "cppwrap_dtypes.h"
+#include "cppwrap_sizes.h"
 
 #include <torch/csrc/inductor/aoti_torch/c/shim_cpu.h>
 #include <torch/csrc/inductor/aoti_torch/generated/c_shim_cpu.h>

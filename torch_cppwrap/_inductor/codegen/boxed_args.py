@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torch_cppwrap._inductor.codegen import cpp_spellings as spell
-from torch_cppwrap._inductor.codegen.shim_args import scalar, tensor_ref
+from torch_cppwrap._inductor.codegen.shim_args import (
+    is_scalar_value,
+    scalar,
+    scalar_tensor,
+    tensor_ref,
+)
 
 if TYPE_CHECKING:
     from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
@@ -56,9 +61,8 @@ def push_argument(wrapper: CppWrapperCpu, val: Any, type_: Any) -> str:
     if isinstance(type_, (torch.ListType, torch.TupleType)):
         return _list_push(wrapper, list(val), type_.getElementType())
     if isinstance(type_, torch.TensorType):
-        if isinstance(val, (bool, int, float)):
-            cast = "double" if isinstance(val, float) else "int64_t"
-            return f".tensor(cppwrap::scalar_to_tensor({cast}({scalar(wrapper, val)})))"
+        if is_scalar_value(val):
+            return f".tensor({scalar_tensor(wrapper, val)})"
         return f".tensor({tensor_ref(val)})"
     if isinstance(type_, (torch.BoolType, torch.SymBoolType)) or isinstance(val, bool):
         return f".boolean({spell.bool_literal(bool(val))})"

@@ -32,6 +32,24 @@ def tensor_ref(val: Any) -> str:
     return repr(val)  # a pre-rendered reference
 
 
+def is_scalar_value(val: Any) -> bool:
+    """A number (Python or symbolic) standing where the schema has a Tensor."""
+    return isinstance(
+        val, (bool, int, float, sympy.Expr, torch.SymInt, torch.SymFloat)
+    ) and not isinstance(val, ir.IRNode)
+
+
+def scalar_tensor(wrapper: CppWrapperCpu, val: Any) -> str:
+    """A 0-d tensor holding a number passed for a Tensor argument."""
+    if isinstance(val, (torch.SymInt, torch.SymFloat)):
+        val = val.node.expr
+    floating = isinstance(val, float) or (
+        isinstance(val, sympy.Expr) and not val.is_integer
+    )
+    cast = "double" if floating else "int64_t"
+    return f"cppwrap::scalar_to_tensor({cast}({scalar(wrapper, val)}))"
+
+
 def element_ctype(type_: Any, sample: Any = None) -> str:
     """The C type of one element of a shim list argument."""
     if isinstance(type_, torch.OptionalType):
@@ -130,9 +148,8 @@ def shim_argument(wrapper: CppWrapperCpu, val: Any, type_: Any = None) -> str:
         return f"cppwrap::array_of<{ctype}>({', '.join(items)}).data(), {len(val)}"
 
     if isinstance(type_, torch.TensorType) or (type_ is None and _is_tensor_value(val)):
-        if isinstance(val, (bool, int, float)) and not isinstance(val, ir.IRNode):
-            cast = "double" if isinstance(val, float) else "int64_t"
-            return f"cppwrap::scalar_to_tensor({cast}({scalar(wrapper, val)})).get()"
+        if is_scalar_value(val):
+            return f"{scalar_tensor(wrapper, val)}.get()"
         return f"{tensor_ref(val)}.get()"
 
     if isinstance(val, (list, tuple)):

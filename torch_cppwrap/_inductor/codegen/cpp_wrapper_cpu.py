@@ -145,6 +145,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
         if self.uses_triton_tuning:
             super().write_kernel_autotune_defs_header()
 
+    def generate_and_run_autotune_block(self) -> None:
+        # Compile-time tuning runs Triton kernels (torch 2.11 turns it on
+        # whenever Triton is installed); a CPU graph has none to tune.
+        if self.uses_triton_tuning:
+            super().generate_and_run_autotune_block()
+
     def write_prefix(self) -> None:
         inputs = self.get_graph_inputs()
         names = self.get_graph_input_names()
@@ -658,6 +664,25 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 return
         super().generate_fallback_kernel(node)
 
+    def codegen_inplace_bernoulli(self, node: Any) -> None:
+        """aten.bernoulli_ on a buffer (config.fallback_random): upstream's IR
+        spells this call itself, for its own handle type."""
+        op = node.op_overload
+        values = [*node.inputs, *node.constant_args]
+        arguments = op._schema.arguments
+        # Inductor never passes a generator; the schema's defaults fill the rest.
+        values += [arg.default_value for arg in arguments[len(values) :]]
+        device = d.type if (d := node.get_device()) else self.device
+        shim_fn = _compat.c_shim_function_name(op, device)
+        if shim_fn is None or not shim_function_exists(shim_fn):
+            self._generate_boxed_call(node.get_name(), op, values, [])
+            return
+        args = [
+            self.val_to_arg_str(value, arg.real_type)
+            for value, arg in zip(values, arguments, strict=True)
+        ]
+        self._shim_call(shim_fn, args, str(op))
+
     def generate_fallback_kernel_with_runtime_lookup(
         self,
         buf_name: str,
@@ -1089,8 +1114,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
         pass
 
     def generate_profiler_mark_wrapper_call(self, stack: Any) -> None:
+        # The range the Python wrapper opens, so profiles read the same.
+        name = f"graph_{V.graph.graph_id}_inductor_wrapper_call"
         self.wrapper_call.writeline(
-            'cppwrap::RecordScope record_call("## Call CompiledFxGraph (C++) ##");'
+            f"cppwrap::RecordScope record_call({spell.string_literal(name)});"
         )
 
 

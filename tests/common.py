@@ -13,7 +13,7 @@ from torch._inductor import config
 from torch._inductor.test_case import TestCase
 from torch._inductor.utils import run_and_get_code
 
-import torch_cppwrap  # noqa: F401  (the import patches Inductor)
+import torch_cppwrap  # the import patches Inductor
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
 
@@ -51,6 +51,10 @@ class CppWrapperTestCase(TestCase):
     def setUp(self) -> None:
         super().setUp()
         torch._dynamo.reset()
+        # A gap in our wrapper must fail the test, not fall back silently.
+        strict = torch_cppwrap.config.patch(strict=True)
+        strict.__enter__()
+        self.addCleanup(strict.__exit__, None, None, None)
 
     def compile_and_run(
         self,

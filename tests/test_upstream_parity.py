@@ -1,0 +1,119 @@
+"""Graphs upstream's C++ wrapper compiles, found failing with ours by running
+PyTorch's own Inductor tests against the package, and the fallback to the
+Python wrapper that keeps any remaining gap from failing a user's compile."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor import config
+from torch._inductor.test_case import run_tests
+
+import torch_cppwrap
+from tests.common import CppWrapperTestCase
+from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+
+class TestUpstreamParity(CppWrapperTestCase):
+    def test_floor_division_in_symbolic_sizes(self) -> None:
+        # max_pool2d's output size is a floor division of symbolic sizes,
+        # printed as c10::div_floor_integer.
+        def fn(x):
+            return torch.ops.aten.max_pool2d_with_indices(
+                x, [13, 13], [], dilation=[1, 1]
+            )
+
+        (source,) = self.check(fn, (torch.randn(2, 4, 20, 20),), dynamic=True)
+        self.assertIn("c10::div_floor_integer(", source)
+
+    def test_symbolic_int_passed_for_a_tensor_argument(self) -> None:
+        # Complex add with alpha lowers to aten.mul.Tensor(x, alpha): the
+        # symbolic alpha becomes a 0-d tensor.
+        x = torch.tensor([1 + 1j, -1 + 1j, -2 + 2j, 3 - 3j, 0, 1j, 1, -1])
+
+        def fn(a, b, alpha):
+            return torch.add(a, b, alpha=alpha)
+
+        sources = self.check(fn, (x, x, 2), dynamic=True)
+        self.assertTrue(
+            any("cppwrap::scalar_to_tensor(int64_t(s" in s for s in sources)
+        )
+
+    @config.patch(fallback_random=True)
+    def test_inplace_bernoulli_fallback(self) -> None:
+        def fn(a):
+            return torch.ops.aten.bernoulli_(a.clone(), 0.3)
+
+        x = torch.ones(64, 64)
+        torch.manual_seed(7)
+        expected = fn(x)
+        torch.manual_seed(7)
+        actual, (source,) = self.compile_and_run(fn, (x,))
+        self.assertEqual(actual, expected)
+        # The shim's status is checked like every other call's.
+        self.assertIn("cppwrap::check_shim(aoti_torch_cpu_bernoulli__float(", source)
+
+    @config.patch(profiler_mark_wrapper_call=True)
+    def test_profiler_mark_wrapper_call(self) -> None:
+        fn = torch.compile(lambda x: (x + 1).sin())
+        x = torch.randn(16)
+        _, (source,) = self.compile_and_run(lambda x: (x + 1).sin(), (x,))
+        self.assertIn("_inductor_wrapper_call", source)
+        with config.patch(cpp_wrapper=True):
+            fn(x)
+            with torch.profiler.profile() as prof:
+                fn(x)
+        names = [event.name for event in prof.events()]
+        self.assertTrue(any(n.endswith("_inductor_wrapper_call") for n in names), names)
+
+    @config.patch({"triton.autotune_at_compile_time": True})
+    def test_compile_time_tuning_on_a_cpu_graph(self) -> None:
+        # torch 2.11 tunes at compile time whenever Triton is installed (every
+        # CUDA build); a CPU graph has no Triton kernel and nothing to tune.
+        self.check(lambda x: (x + 1).sin().sum(), (torch.randn(64),))
+
+
+def _unsupported(self: CppWrapperCpu, *args: object, **kwargs: object) -> None:
+    raise NotImplementedError("torch_cppwrap: a construct this test pretends is new")
+
+
+@config.patch(cpp_wrapper=True, fx_graph_cache=False)
+class TestPythonWrapperFallback(CppWrapperTestCase):
+    def fn(self, x: torch.Tensor) -> torch.Tensor:
+        return (x + 1).sin() * 2
+
+    def test_unsupported_graph_falls_back_to_the_python_wrapper(self) -> None:
+        x = torch.randn(32)
+        counters.clear()
+        with (
+            torch_cppwrap.config.patch(strict=False),
+            mock.patch.object(CppWrapperCpu, "write_prefix", _unsupported),
+            self.assertLogs("torch._inductor.graph.__perf_hints", "INFO") as logs,
+        ):
+            result, (source,) = torch._inductor.utils.run_and_get_code(
+                torch.compile(self.fn), x
+            )
+        self.assertEqual(result, self.fn(x))
+        self.assertEqual(counters["inductor"]["cppwrap_python_wrapper_fallback"], 1)
+        (line,) = [m for m in logs.output if "torch_cppwrap" in m]
+        self.assertIn("a construct this test pretends is new", line)
+        # The Python wrapper's module, not ours.
+        self.assertNotIn("CppWrapperCodeCache", source)
+        self.assertIn("def call(", source)
+
+    def test_strict_mode_raises(self) -> None:
+        with (
+            torch_cppwrap.config.patch(strict=True),
+            mock.patch.object(CppWrapperCpu, "write_prefix", _unsupported),
+            self.assertRaisesRegex(Exception, "a construct this test pretends is new"),
+        ):
+            torch.compile(self.fn)(torch.randn(32))
+
+    def test_tests_run_strict(self) -> None:
+        self.assertTrue(torch_cppwrap.config.strict)
+
+
+if __name__ == "__main__":
+    run_tests()

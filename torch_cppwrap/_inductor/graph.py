@@ -1,0 +1,74 @@
+"""Never worse than upstream: a JIT graph our C++ wrapper cannot generate or
+build is compiled again with Inductor's Python wrapper.
+
+Upstream's C++ wrapper compiles a graph or fails the whole ``torch.compile``;
+ours steps aside for that one graph.  ``torch_cppwrap.config.strict`` raises
+instead (our tests run strict, so a gap cannot hide behind the fallback).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor import config as inductor_config
+from torch._inductor import metrics
+
+from torch_cppwrap import config
+from torch_cppwrap._inductor.codecache import CppWrapperCompileError
+
+# Upstream's graph.py logs its performance hints here (TORCH_LOGS=perf_hints).
+perf_hint_log = torch._logging.getArtifactLogger("torch._inductor.graph", "perf_hints")
+
+# What makes a graph fall back: a construct our generator does not handle,
+# or generated C++ that does not build.
+FALLBACK_ERRORS: tuple[type[BaseException], ...] = (
+    NotImplementedError,
+    CppWrapperCompileError,
+)
+
+
+def _uses_our_wrapper(graph: Any) -> bool:
+    return bool(graph.cpp_wrapper) and not graph.aot_mode
+
+
+def _reset_for_codegen(graph: Any) -> None:
+    """Forgets what one codegen pass decided, as upstream does between the
+    two passes of an AOTInductor compile, so that another pass starts clean."""
+    graph.removed_buffers.clear()
+    graph.removed_operations.clear()
+    graph.inplaced_to_remove.clear()
+    graph.sizevars.precomputed_replacements.clear()
+    graph.sizevars.inv_precomputed_replacements.clear()
+    metrics.reset()
+
+
+def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:
+    """Wraps ``GraphLowering._compile_to_module``."""
+
+    def _compile_to_module(graph: Any) -> Any:
+        if not _uses_our_wrapper(graph) or config.strict:
+            return original(graph)
+        try:
+            return original(graph)
+        except FALLBACK_ERRORS as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            perf_hint_log.info(
+                "torch_cppwrap: graph %s is compiled with the Python wrapper "
+                "instead of the C++ wrapper: %s: %s",
+                graph.graph_id,
+                type(error).__name__,
+                reason,
+            )
+            counters["inductor"]["cppwrap_python_wrapper_fallback"] += 1
+        _reset_for_codegen(graph)
+        graph.cpp_wrapper = False
+        try:
+            with inductor_config.patch(cpp_wrapper=False):
+                return original(graph)
+        finally:
+            graph.cpp_wrapper = True
+
+    return _compile_to_module

@@ -75,7 +75,10 @@ EXTRA_MODULE_NAMES = {
 # Our files whose upstream path differs from their path in the package.
 SPECIAL_TARGETS = {
     "_compat.py": "torch/_inductor/cppwrap_compat.py",
+    "config.py": "torch/_inductor/cppwrap_config.py",
     "_inductor/codecache.py": "torch/_inductor/cppwrap_codecache.py",
+    # Upstream, this would be a few lines of graph.py's _compile_to_module.
+    "_inductor/graph.py": "torch/_inductor/cppwrap_fallback.py",
 }
 EXPORTED_SUFFIXES = (".py", ".h", ".cpp")
 # Files of the package that the series leaves out for now, and why

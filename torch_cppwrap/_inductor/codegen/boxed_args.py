@@ -12,12 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torch_cppwrap._inductor.codegen import cpp_spellings as spell
-from torch_cppwrap._inductor.codegen.shim_args import (
-    is_scalar_value,
-    scalar,
-    scalar_tensor,
-    tensor_ref,
-)
+from torch_cppwrap._inductor.codegen import shim_args
 
 if TYPE_CHECKING:
     from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
@@ -28,21 +23,26 @@ def _list_push(wrapper: CppWrapperCpu, values: list[Any], element: Any) -> str:
         element.getElementType(), torch.TensorType
     ):
         items = [
-            "nullptr" if v is None else f"cppwrap::address_of({tensor_ref(v)})"
+            "nullptr"
+            if v is None
+            else f"cppwrap::address_of({shim_args.tensor_ref(v)})"
             for v in values
         ]
         return f".tensor_list(cppwrap::array_of<const cppwrap::Tensor*>({', '.join(items)}), true)"
     if isinstance(element, torch.TensorType):
-        items = [f"cppwrap::address_of({tensor_ref(v)})" for v in values]
+        items = [f"cppwrap::address_of({shim_args.tensor_ref(v)})" for v in values]
         return f".tensor_list(cppwrap::array_of<const cppwrap::Tensor*>({', '.join(items)}), false)"
     if isinstance(element, torch.FloatType):
-        items = [scalar(wrapper, float(v) if isinstance(v, int) else v) for v in values]
+        items = [
+            shim_args.scalar(wrapper, float(v) if isinstance(v, int) else v)
+            for v in values
+        ]
         return f".real_list(cppwrap::array_of<double>({', '.join(items)}))"
     if isinstance(element, torch.BoolType):
         items = ["1" if v else "0" for v in values]
         return f".bool_list(cppwrap::array_of<int32_t>({', '.join(items)}))"
     if isinstance(element, (torch.IntType, torch.SymIntType)):
-        items = [scalar(wrapper, v) for v in values]
+        items = [shim_args.scalar(wrapper, v) for v in values]
         return f".int_list(cppwrap::array_of<int64_t>({', '.join(items)}))"
     raise NotImplementedError(
         f"torch_cppwrap: list argument of {element} is not supported in a dispatcher call"
@@ -61,19 +61,19 @@ def push_argument(wrapper: CppWrapperCpu, val: Any, type_: Any) -> str:
     if isinstance(type_, (torch.ListType, torch.TupleType)):
         return _list_push(wrapper, list(val), type_.getElementType())
     if isinstance(type_, torch.TensorType):
-        if is_scalar_value(val):
-            return f".tensor({scalar_tensor(wrapper, val)})"
-        return f".tensor({tensor_ref(val)})"
+        if shim_args.is_scalar_value(val):
+            return f".tensor({shim_args.scalar_tensor(wrapper, val)})"
+        return f".tensor({shim_args.tensor_ref(val)})"
     if isinstance(type_, (torch.BoolType, torch.SymBoolType)) or isinstance(val, bool):
         return f".boolean({spell.bool_literal(bool(val))})"
     if isinstance(type_, (torch.IntType, torch.SymIntType)):
-        return f".integer({scalar(wrapper, val)})"
+        return f".integer({shim_args.scalar(wrapper, val)})"
     if isinstance(type_, torch.FloatType):
-        return f".real({scalar(wrapper, float(val) if isinstance(val, int) else val)})"
+        return f".real({shim_args.scalar(wrapper, float(val) if isinstance(val, int) else val)})"
     if isinstance(type_, torch.NumberType):
         if isinstance(val, float):
-            return f".real({scalar(wrapper, val)})"
-        return f".integer({scalar(wrapper, val)})"
+            return f".real({shim_args.scalar(wrapper, val)})"
+        return f".integer({shim_args.scalar(wrapper, val)})"
     if isinstance(type_, torch.StringType):
         return f".string({spell.string_literal(val)})"
     if isinstance(val, torch.dtype):

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Issue 15's checks on the device (a CUDA build of torch with a GPU present),
+# in one call of the device tool; results under $OUT.
+#
+#   STEPS="suite sweep-dynamic" bash scripts/gpu/conformance.sh
+#
+# Steps:
+#   suite             the whole test suite, CPU tests included (pytest -n)
+#   sweep-dynamic     OpInfo sweep on the CPU, every 4th op, dynamic=True,
+#                     both wrappers
+#   sweep-backward    the same through backward
+#   upstream-tests    PyTorch's own cpp_wrapper tests in both modes
+#                     (tools/conformance.py; needs .pytorch_tests/ carried)
+# Knobs: SUITE_WORKERS, SUITE_TIMEOUT, SWEEP_JOBS, SWEEP_TIMEOUT,
+# UPSTREAM_TIMEOUT, UPSTREAM_ARGS.
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/cppwrap_gpu_out}
+mkdir -p "$OUT"
+PYTHON=${PYTHON:-python3}
+if compgen -G ".whl/*.whl" >/dev/null; then
+    $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export TORCH_CPPWRAP_CACHE_DIR=${TORCH_CPPWRAP_CACHE_DIR:-/tmp/cppwrap_cache}
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor_cache_tests}
+export NCCL_NVLS_ENABLE=0
+
+has_step() { [[ " ${STEPS:-suite} " == *" $1 "* ]]; }
+
+echo "== machine"
+nvidia-smi -L || true
+$PYTHON -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, "triton", triton.__version__, "devices:", torch.cuda.device_count())'
+nproc
+$PYTHON -c 'from torch_cppwrap._inductor.codecache import RuntimeExtension; RuntimeExtension.load()'
+
+sweep() {  # sweep NAME EXTRA_ARGS...
+    local name=$1; shift
+    echo "== OpInfo sweep ($name), started $(date +%T)"
+    timeout -s INT "${SWEEP_TIMEOUT:-400}" $PYTHON benchmarks/opinfo_sweep.py --compare \
+        --step 4 --jobs "${SWEEP_JOBS:-8}" --timeout 120 --out "/tmp/sweep_$name.json" "$@" \
+        > "$OUT/sweep_$name.md" 2> "/tmp/sweep_$name.log"
+    echo "sweep $name exit status: $?"
+    cp "/tmp/sweep_$name.json" "$OUT/" 2>/dev/null
+    sed -n 1,12p "$OUT/sweep_$name.md"
+}
+
+# The sweeps run beside the suite: each takes its own cores.
+pids=()
+if has_step sweep-dynamic; then sweep dynamic --dynamic & pids+=($!); fi
+if has_step sweep-backward; then sweep backward --backward & pids+=($!); fi
+
+if has_step suite; then
+    echo "== the whole suite, started $(date +%T)"
+    timeout "${SUITE_TIMEOUT:-420}" $PYTHON -X faulthandler -m pytest tests -q -rfEs \
+        --tb=short -p no:cacheprovider -n "${SUITE_WORKERS:-6}" > "$OUT/suite.log" 2>&1
+    echo "suite exit status: $?"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/suite.log" | tail -30
+fi
+
+if has_step upstream-tests; then
+    echo "== PyTorch's cpp_wrapper tests in both modes, started $(date +%T)"
+    timeout "${UPSTREAM_TIMEOUT:-400}" $PYTHON tools/conformance.py \
+        --test-dir .pytorch_tests/test/inductor --out "$OUT/upstream_tests.md" \
+        ${UPSTREAM_ARGS:-} > "/tmp/upstream_tests.log" 2>&1
+    echo "upstream tests exit status: $?"
+    tail -40 /tmp/upstream_tests.log
+fi
+
+for pid in "${pids[@]}"; do wait "$pid"; done
+echo "== done $(date +%T)"

@@ -183,14 +183,21 @@ class TestOutputsAndInputs(CppWrapperTestCase):
         out, _ = self.compile_and_run(fn, (x,))
         self.assertIs(out[0], x)
 
+    @torch._dynamo.config.patch(specialize_float=False)
     def test_python_scalar_inputs(self) -> None:
         def fn(x, a: int, b: float):
             return x * a + b
 
-        # dynamic=None lets Dynamo pass the int and float as graph inputs.
+        # With dynamic shapes and unspecialized floats, Dynamo passes the int
+        # and the float as graph inputs.
         compiled_args = (torch.randn(4), 3, 0.25)
-        self.check(fn, compiled_args, dynamic=None)
-        torch._dynamo.config.specialize_float = False
+        sources = self.check(fn, compiled_args, dynamic=True)
+        # Both scalars reach the C++ entry point as graph inputs: the int as
+        # an int64_t, the float as a 0-d double tensor (as in the Python
+        # wrapper).
+        (source,) = sources
+        self.assertIn("cppwrap::unpack_int(", source)
+        self.assertIn("const double* in_ptr", source)
 
     def test_dtypes(self) -> None:
         def fn(i64, i32, b, f64, bf16):

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -185,18 +184,17 @@ class TestPatchSeries(TestCase):
         common = SITE_PACKAGES / "torch/_inductor/codegen/common.py"
         before = hashlib.sha256(common.read_bytes()).hexdigest()
         with tempfile.TemporaryDirectory() as tmp:
-            started = time.perf_counter()
             tree = _patches.make_patched_torch(SERIES, SITE_PACKAGES, Path(tmp) / "t")
-            elapsed = time.perf_counter() - started
             patched = tree / "torch/_inductor/codegen/common.py"
             self.assertFalse(patched.is_symlink())
+            # Files the series does not touch are links to the installed
+            # torch, not copies.
+            self.assertTrue((tree / "torch/_inductor/lowering.py").is_symlink())
             self.assertIn("aot_mode: bool = False", patched.read_text())
             self.assertTrue(
                 (tree / "torch/_inductor/codegen/cpp_wrapper_cpu_aoti.py").is_file()
             )
         self.assertEqual(hashlib.sha256(common.read_bytes()).hexdigest(), before)
-        # Symlinks, not a copy of torch: quick enough to build per test.
-        self.assertLess(elapsed, 30.0)
 
 
 class TestRewriteReferences(TestCase):

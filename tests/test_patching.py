@@ -46,8 +46,27 @@ class TestPatching(TestCase):
 
     def test_patch_replaces_every_name(self) -> None:
         self.assert_patched()
-        for module in _patching.modules_holding_code_cache(CppWrapperCodeCache):
-            self.assertIs(module.CppWrapperCodeCache, CppWrapperCodeCache)
+        # Every loaded Inductor module that names a CppWrapperCodeCache names
+        # ours (the import of torch._inductor.codecache's name by another
+        # module is what a patch of the defining module alone would miss).
+        holders = [
+            name
+            for name, module in list(sys.modules.items())
+            if name.startswith("torch._inductor")
+            and hasattr(module, "CppWrapperCodeCache")
+        ]
+        self.assertIn("torch._inductor.codecache", holders)
+        for name in holders:
+            self.assertIs(sys.modules[name].CppWrapperCodeCache, CppWrapperCodeCache)
+        from torch._inductor.graph import GraphLowering
+
+        for owner, name in [
+            (GraphLowering, "_compile_to_module"),
+            (ir.InplaceBernoulliFallback, "codegen"),
+        ]:
+            self.assertIsNot(
+                getattr(owner, name), torch_cppwrap.get_original(owner, name)
+            )
 
     def test_patch_is_idempotent_and_keeps_true_originals(self) -> None:
         original_cache = torch_cppwrap.get_original(
@@ -81,8 +100,19 @@ class TestPatching(TestCase):
         )
         vec_isa = _compat.vec_isa_class()
         original_probe = torch_cppwrap.get_original(vec_isa, "check_build")
+        from torch._inductor.graph import GraphLowering
+
+        originals = {
+            (owner, name): torch_cppwrap.get_original(owner, name)
+            for owner, name in [
+                (GraphLowering, "_compile_to_module"),
+                (ir.InplaceBernoulliFallback, "codegen"),
+            ]
+        }
 
         torch_cppwrap.unpatch()
+        for (owner, name), original in originals.items():
+            self.assertIs(getattr(owner, name), original)
         self.assertIs(vec_isa.check_build, original_probe)
         self.assertFalse(torch_cppwrap.is_patched())
         self.assertIs(inductor_codecache.CppWrapperCodeCache, original_cache)
@@ -118,10 +148,25 @@ class TestPatching(TestCase):
         )
 
     def test_aot_mode_keeps_upstream_wrapper(self) -> None:
-        self.assertIs(
-            _patching.CpuCppWrapperSelector.displaced,
-            _patching._registry_originals["cpu"][0].cpp_wrapper_codegen,
-        )
+        from types import SimpleNamespace
+        from unittest import mock
+
+        from torch._inductor.virtualized import V
+
+        from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+        upstream = _patching._registry_originals["cpu"][0].cpp_wrapper_codegen
+        self.assertIs(_patching.CpuCppWrapperSelector.displaced, upstream)
+        selector = common.get_wrapper_codegen_for_device("cpu", True)
+        made = []
+        with (
+            mock.patch.object(upstream, "create", lambda *a: made.append("upstream")),
+            mock.patch.object(CppWrapperCpu, "create", lambda *a: made.append("ours")),
+        ):
+            for aot_mode in (True, False):
+                with V.set_graph_handler(SimpleNamespace(aot_mode=aot_mode)):  # type: ignore[arg-type]
+                    selector.create(False, None, None)
+        self.assertEqual(made, ["upstream", "ours"])
 
     def test_unsupported_torch_warns_and_patches_nothing(self) -> None:
         self.assertFalse(_compat.torch_is_supported("2.10.0"))

@@ -732,9 +732,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
             for arg, value in zip(op._schema.arguments, raw_args, strict=True)
         ]
         self.writeline(f"{call}{''.join(pushes)}.run();")
+        if op._schema.returns:
+            self._read_results(call, op, outputs)
+        self.writeline(f"{call}.finish();")
+
+    def _read_results(self, call: str, op: torch._ops.OpOverload, outputs: Any) -> None:
         returns = op._schema.returns
-        if not returns:
-            return
         for out in _flatten(outputs):
             if isinstance(out, ir.MultiOutput):
                 # Its indices say where it sits: (tuple, i) picks the i-th

@@ -15,7 +15,7 @@
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
-#define CPPWRAP_API_VERSION 2
+#define CPPWRAP_API_VERSION 3
 #define CPPWRAP_API_CAPSULE "torch_cppwrap._C._api"
 
 #ifdef __cplusplus
@@ -79,7 +79,9 @@ typedef struct CppwrapApi {
   // Each call site keeps its op handle in a static; find_op returns null and
   // sets last_error if the op does not exist.
   void* (*find_op)(const char* name, const char* overload);
-  void* (*stack_new)(void);  // a fresh, thread-local argument stack
+  // An empty argument stack, owned by the caller until stack_free; null (and
+  // last_error) when out of memory.
+  void* (*stack_new)(void);
   void (*push_none)(void* stack);
   void (*push_tensor)(void* stack, const void* slot);
   void (*push_int)(void* stack, int64_t value);
@@ -110,6 +112,10 @@ typedef struct CppwrapApi {
   // the caller keeps `obj` alive while it uses the slot, and forgets the slot
   // instead of releasing it.  The GIL must be held.
   int (*borrow)(PyObject* obj, void* slot, const char* what);
+
+  // Gives back a stack from stack_new, dropping what is left on it (the
+  // results of its call).
+  void (*stack_free)(void* stack);
 } CppwrapApi;
 
 #ifdef __cplusplus

@@ -330,10 +330,30 @@ inline std::remove_reference_t<T>* address_of(T&& value) {
   return &value;
 }
 
-// A call through the dispatcher for an op that has no C shim.
+// A call through the dispatcher for an op that has no C shim.  It owns its
+// argument stack, so calls may nest: the op may run a compiled graph that
+// makes boxed calls of its own.
 class BoxedCall {
  public:
-  explicit BoxedCall(void* op) : op_(op), stack_(api->stack_new()) {}
+  explicit BoxedCall(void* op) : op_(op), stack_(api->stack_new()) {
+    if (stack_ == nullptr) {
+      fail_runtime("dispatcher call");
+    }
+  }
+  BoxedCall(const BoxedCall&) = delete;
+  BoxedCall& operator=(const BoxedCall&) = delete;
+  ~BoxedCall() {
+    finish();
+  }
+
+  // Drops the results once they have been read, so that each is freed at
+  // its last use rather than when the graph returns.
+  void finish() {
+    if (stack_ != nullptr) {
+      api->stack_free(stack_);
+      stack_ = nullptr;
+    }
+  }
 
   BoxedCall& none() {
     api->push_none(stack_);

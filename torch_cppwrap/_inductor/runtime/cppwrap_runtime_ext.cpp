@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <new>
 #include <sstream>
 #include <string>
@@ -337,10 +338,34 @@ Stack& stack_at(void* stack) {
   return *static_cast<Stack*>(stack);
 }
 
+// Every BoxedCall owns its stack from construction to finish: a boxed op may
+// run Python that calls another compiled graph on this thread, whose boxed
+// calls must not touch the stack of the call still in progress.  Finished
+// stacks are kept per thread, with their capacity, for the next call.
+thread_local std::vector<std::unique_ptr<Stack>> free_stacks;
+
 void* stack_new() {
-  thread_local Stack stack;
-  stack.clear();
-  return &stack;
+  try {
+    if (free_stacks.empty()) {
+      return new Stack();
+    }
+    Stack* stack = free_stacks.back().release();
+    free_stacks.pop_back();
+    return stack;
+  } catch (const std::bad_alloc&) {
+    fail("out of memory for a dispatcher call's arguments");
+    return nullptr;
+  }
+}
+
+void stack_free(void* s) {
+  std::unique_ptr<Stack> stack(static_cast<Stack*>(s));
+  stack->clear();  // the op's results: freed here, not at the next call
+  try {
+    free_stacks.push_back(std::move(stack));
+  } catch (const std::bad_alloc&) {
+    // Not kept: `stack` deletes it.
+  }
 }
 
 void push_none(void* s) {
@@ -499,6 +524,7 @@ const CppwrapApi api_table = {
     record_begin,
     record_end,
     borrow,
+    stack_free,
 };
 
 PyModuleDef module_def = {

@@ -1,0 +1,124 @@
+"""Reliability of the CPU wrapper: calls that nest (a compiled graph inside a
+custom op inside a compiled graph, on several threads), inputs checked at the
+boundary, and failures that come back as the exception the Python wrapper
+raises."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+from torch._inductor import config
+from torch._inductor.test_case import run_tests
+
+from tests.common import CppWrapperTestCase, our_wrappers_created
+
+
+def _on_this_thread(fn: Any, *args: Any) -> Any:
+    """Calls fn with cpp_wrapper on: Inductor's config is per thread."""
+    with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+        return fn(*args)
+
+
+def _nested_ops(tag: str, inner_threads: int = 0) -> Any:
+    """f, which calls custom op `outer`, whose eager body calls g, compiled,
+    which calls custom op `inner` (with `inner_threads`, `outer` calls g on
+    that many other threads at the same time too)."""
+
+    @torch.library.custom_op(f"cppwrap_test::{tag}_inner", mutates_args=())
+    def inner(x: torch.Tensor) -> torch.Tensor:
+        return x * 100
+
+    inner.register_fake(lambda x: torch.empty_like(x))
+    g = torch.compile(lambda x: inner(x + 1) - 1)
+
+    @torch.library.custom_op(f"cppwrap_test::{tag}_outer", mutates_args=())
+    def outer(x: torch.Tensor) -> torch.Tensor:
+        results: list[torch.Tensor] = []
+        helpers = [
+            threading.Thread(target=lambda: results.append(_on_this_thread(g, x)))
+            for _ in range(inner_threads)
+        ]
+        for t in helpers:
+            t.start()
+        mine = g(x)
+        for t in helpers:
+            t.join()
+        for other in results:
+            torch.testing.assert_close(other, mine)
+        return mine + 0.5
+
+    outer.register_fake(lambda x: torch.empty_like(x))
+    return lambda x: outer(x * 2) * 3
+
+
+def _nested_expected(x: torch.Tensor) -> torch.Tensor:
+    return (((x * 2) + 1) * 100 - 1 + 0.5) * 3
+
+
+class TestReentrancy(CppWrapperTestCase):
+    def test_compiled_graph_inside_custom_op_inside_compiled_graph(self) -> None:
+        # The outer graph calls `outer` through the dispatcher; while it runs,
+        # g (compiled too) calls `inner` the same way on the same thread.
+        f = _nested_ops("nest")
+        x = torch.randn(4, 4)
+        result, sources = self.compile_and_run(f, (x,))
+        self.assertEqual(len(sources), 2)  # f's graph and g's, both ours
+        torch.testing.assert_close(result, _nested_expected(x))
+        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            for _ in range(3):
+                torch.testing.assert_close(torch.compile(f)(x), _nested_expected(x))
+
+    def test_nested_graphs_on_several_threads_with_the_gil_released(self) -> None:
+        # Each call releases the GIL, so the nested calls of four threads (and
+        # of the helper threads each `outer` starts) interleave in C++.  Every
+        # thread sets cpp_wrapper itself: Inductor's config is per thread.
+        f = _nested_ops("nest_threads", inner_threads=2)
+        x = torch.randn(8, 8)
+        compiled = torch.compile(f)
+        with our_wrappers_created() as created:
+            torch.testing.assert_close(compiled(x), _nested_expected(x))
+        self.assertGreaterEqual(len(created), 2)  # f and g at least
+        errors: list[BaseException] = []
+
+        def work(seed: int) -> None:
+            try:
+                for i in range(20):
+                    a = torch.full((8, 8), seed + i / 4)  # exact in float32
+                    result = _on_this_thread(compiled, a)
+                    torch.testing.assert_close(result, _nested_expected(a))
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+
+    def test_dispatcher_results_are_not_kept_after_the_call(self) -> None:
+        made: list[weakref.ref[torch.Tensor]] = []
+
+        @torch.library.custom_op("cppwrap_test::produce", mutates_args=())
+        def produce(x: torch.Tensor) -> torch.Tensor:
+            out = x * 100
+            made.append(weakref.ref(out))
+            return out
+
+        produce.register_fake(lambda x: torch.empty_like(x))
+
+        def fn(x):
+            return produce(x + 1).sum()
+
+        x = torch.randn(16)
+        result, _ = self.compile_and_run(fn, (x,))
+        torch.testing.assert_close(result, ((x + 1) * 100).sum())
+        # The op's result was consumed by the sum kernel and freed there.
+        self.assertIsNone(made[-1]())
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -5,12 +5,16 @@ raises."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import weakref
 from typing import Any
 
 import torch
 from torch._inductor import config
+from torch._inductor.codecache import PyCodeCache
 from torch._inductor.test_case import run_tests
 
 from tests.common import CppWrapperTestCase, our_wrappers_created
@@ -56,6 +60,27 @@ def _nested_ops(tag: str, inner_threads: int = 0) -> Any:
 
 def _nested_expected(x: torch.Tensor) -> torch.Tensor:
     return (((x * 2) + 1) * 100 - 1 + 0.5) * 3
+
+
+def _graph_modules(before: int) -> list[Any]:
+    return [m for m in PyCodeCache.modules[before:] if hasattr(m, "call")]
+
+
+# Loads a generated module from its file and runs `code` with it as `module`;
+# prints what the call raised.  A crash shows as the child's exit status.
+_CHILD = """
+import importlib.util, sys
+import torch, torch_cppwrap
+spec = importlib.util.spec_from_file_location("graph", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+def attempt(label, thunk):
+    try:
+        thunk()
+        print(label, "no error")
+    except Exception as e:
+        print(label, type(e).__name__, str(e).splitlines()[0])
+"""
 
 
 class TestReentrancy(CppWrapperTestCase):
@@ -118,6 +143,50 @@ class TestReentrancy(CppWrapperTestCase):
         torch.testing.assert_close(result, ((x + 1) * 100).sum())
         # The op's result was consumed by the sum kernel and freed there.
         self.assertIsNone(made[-1]())
+
+
+class TestInputChecks(CppWrapperTestCase):
+    def _module_file(self, fn: Any, args: tuple[Any, ...]) -> str:
+        before = len(PyCodeCache.modules)
+        self.compile_and_run(fn, args)
+        (module,) = _graph_modules(before)
+        return module.__file__
+
+    def _run_child(self, module_file: str, code: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD + textwrap.dedent(code), module_file],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        self.assertEqual(proc.returncode, 0, f"child died\n{proc.stderr[-3000:]}")
+        return proc.stdout
+
+    def test_input_on_another_device_raises_naming_it(self) -> None:
+        def fn(x, y):
+            return x * y + 1
+
+        x, y = torch.randn(4, 4), torch.randn(4, 4)
+        checked = self._module_file(fn, (x, y))
+        torch._dynamo.reset()
+        with config.patch(size_asserts=False):
+            unchecked = self._module_file(fn, (x, y))
+        # A meta tensor has sizes, strides and a dtype, but no data: the graph
+        # must refuse it before any kernel reads it, whatever size_asserts says.
+        for module_file in (checked, unchecked):
+            out = self._run_child(
+                module_file,
+                """
+                x = torch.randn(4, 4)
+                attempt("meta", lambda: module.call([x, torch.empty(4, 4, device="meta")]))
+                attempt("cpu", lambda: module.call([x, x]))
+                """,
+            )
+            self.assertIn(
+                "meta RuntimeError input arg1_1: expected a tensor on cpu but got one on meta",
+                out,
+            )
+            self.assertIn("cpu no error", out)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
-#define CPPWRAP_API_VERSION 3
+#define CPPWRAP_API_VERSION 4
 #define CPPWRAP_API_CAPSULE "torch_cppwrap._C._api"
 
 #ifdef __cplusplus
@@ -61,12 +61,16 @@ typedef struct CppwrapApi {
   int64_t (*dim)(const void* slot);
   const int64_t* (*sizes)(const void* slot);
   const int64_t* (*strides)(const void* slot);
-  // Checks dtype (if >= 0), rank, sizes and strides (entries < 0 are not
-  // checked) of a graph input; the error names the input and both layouts.
+  // Checks the device (if device_type >= 0; the index only where the tensor
+  // has one), dtype (if >= 0), rank (if ndim >= 0), sizes and strides
+  // (entries < 0 are not checked) of a graph input; the error names the
+  // input and what was expected and found.
   int (*check_input)(
       const void* slot,
       const char* name,
       int32_t dtype,
+      int32_t device_type,
+      int32_t device_index,
       int64_t ndim,
       const int64_t* sizes,
       const int64_t* strides);

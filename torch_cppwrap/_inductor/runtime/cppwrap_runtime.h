@@ -285,22 +285,34 @@ inline double item_double(const Tensor& t) {
   return value;
 }
 
+// Checks a graph input's device and dtype, and its sizes and strides when
+// given (config.size_asserts); `name` names the input in the error.
 inline void check_input(
     const Tensor& t,
     const char* name,
     int32_t dtype,
-    int64_t ndim,
-    const int64_t* sizes,
-    const int64_t* strides) {
-  if (api->check_input(t.slot(), name, dtype, ndim, sizes, strides) != 0) {
+    int32_t device_type,
+    int32_t device_index,
+    int64_t ndim = -1,
+    const int64_t* sizes = nullptr,
+    const int64_t* strides = nullptr) {
+  if (api->check_input(t.slot(), name, dtype, device_type, device_index, ndim, sizes, strides) !=
+      0) {
     throw Error(api->last_error());
   }
 }
 
 inline void check_input(
-    const Tensor& t, const char* name, int32_t dtype, IntList sizes, IntList strides) {
+    const Tensor& t,
+    const char* name,
+    int32_t dtype,
+    int32_t device_type,
+    int32_t device_index,
+    IntList sizes,
+    IntList strides) {
   check_input(
-      t, name, dtype, static_cast<int64_t>(sizes.size()), sizes.begin(), strides.begin());
+      t, name, dtype, device_type, device_index, static_cast<int64_t>(sizes.size()),
+      sizes.begin(), strides.begin());
 }
 
 // The layout check Inductor asks for after an op whose output layout it
@@ -308,8 +320,8 @@ inline void check_input(
 inline void assert_size_stride(
     const Tensor& t, IntList sizes, IntList strides, const char* op, int32_t dtype = -1) {
   if (api->check_input(
-          t.slot(), op, dtype, static_cast<int64_t>(sizes.size()), sizes.begin(),
-          strides.begin()) != 0) {
+          t.slot(), op, dtype, /*device_type=*/-1, 0, static_cast<int64_t>(sizes.size()),
+          sizes.begin(), strides.begin()) != 0) {
     throw Error(std::string("output of ") + api->last_error());
   }
 }

@@ -269,16 +269,37 @@ int check_input(
     const void* slot,
     const char* name,
     int32_t dtype,
+    int32_t device_type,
+    int32_t device_index,
     int64_t ndim,
     const int64_t* expected_sizes,
     const int64_t* expected_strides) {
   const at::Tensor& t = tensor_at(slot);
+  if (device_type >= 0) {
+    // A kernel reads the data behind data_ptr(): a meta tensor has none, a
+    // tensor on another device has it where the kernel cannot look.
+    const c10::Device actual = t.device();
+    const auto expected_type = static_cast<c10::DeviceType>(device_type);
+    const bool indexed = expected_type != c10::DeviceType::CPU;
+    if (actual.type() != expected_type ||
+        (indexed && actual.has_index() && actual.index() != device_index)) {
+      const c10::Device expected(
+          expected_type, indexed ? static_cast<c10::DeviceIndex>(device_index) : -1);
+      return fail(
+          std::string("input ") + name + ": expected a tensor on " + expected.str() +
+          " but got one on " + actual.str() +
+          " (the graph was compiled for another device)");
+    }
+  }
   if (dtype >= 0 && static_cast<int32_t>(t.scalar_type()) != dtype) {
     return fail(
         std::string("input ") + name + ": expected dtype " +
         c10::toString(static_cast<c10::ScalarType>(dtype)) + " but got " +
         c10::toString(t.scalar_type()) +
         " (the graph was compiled for another dtype)");
+  }
+  if (ndim < 0) {
+    return 0;
   }
   bool ok = t.dim() == ndim;
   auto actual_sizes = t.sizes();

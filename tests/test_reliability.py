@@ -189,5 +189,78 @@ class TestInputChecks(CppWrapperTestCase):
             self.assertIn("cpu no error", out)
 
 
+class TestExceptionTypes(CppWrapperTestCase):
+    def test_custom_op_exception_keeps_its_type_and_message(self) -> None:
+        @torch.library.custom_op("cppwrap_test::picky", mutates_args=())
+        def picky(x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:
+                raise ValueError("picky: the sum is positive")
+            return x.clone()
+
+        picky.register_fake(lambda x: torch.empty_like(x))
+
+        def fn(x):
+            return picky(x * 2) + 1
+
+        self.check(fn, (-torch.ones(3),))
+        with (
+            config.patch(cpp_wrapper=True, fx_graph_cache=False),
+            self.assertRaisesRegex(ValueError, "^picky: the sum is positive$"),
+        ):
+            torch.compile(fn)(torch.ones(3))
+
+    def test_linalg_error_keeps_its_type(self) -> None:
+        def fn(x):
+            return torch.linalg.inv(x * 2) + 1
+
+        self.check(fn, (torch.eye(3),))
+        with (
+            config.patch(cpp_wrapper=True, fx_graph_cache=False),
+            self.assertRaisesRegex(torch.linalg.LinAlgError, "linalg.inv: .* singular"),
+        ):
+            torch.compile(fn)(torch.zeros(3, 3))
+
+    def test_exception_from_nested_graph_keeps_its_type(self) -> None:
+        @torch.library.custom_op("cppwrap_test::deep_picky", mutates_args=())
+        def deep_picky(x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:
+                raise IndexError("deep_picky: the sum is positive")
+            return x.clone()
+
+        deep_picky.register_fake(lambda x: torch.empty_like(x))
+        g = torch.compile(lambda x: deep_picky(x + 1) - 1)
+
+        @torch.library.custom_op("cppwrap_test::calls_g", mutates_args=())
+        def calls_g(x: torch.Tensor) -> torch.Tensor:
+            return g(x) + 0.5
+
+        calls_g.register_fake(lambda x: torch.empty_like(x))
+
+        def fn(x):
+            return calls_g(x * 2) * 3
+
+        with our_wrappers_created() as created:
+            torch.compile(fn)(-torch.ones(3) * 5)
+            self.assertEqual(len(created), 2)
+            with self.assertRaisesRegex(
+                IndexError, "^deep_picky: the sum is positive$"
+            ):
+                torch.compile(fn)(torch.ones(3))
+
+    def test_failed_shim_call_carries_libtorch_message(self) -> None:
+        def fn(x):
+            return torch.histc(x * 2, bins=4) + 1
+
+        self.check(fn, (torch.arange(8.0),))
+        with (
+            config.patch(cpp_wrapper=True, fx_graph_cache=False),
+            self.assertRaisesRegex(
+                RuntimeError,
+                r"aten.histc.default failed: .*range of \[.*\] is not finite",
+            ),
+        ):
+            torch.compile(fn)(torch.full((8,), float("inf")))
+
+
 if __name__ == "__main__":
     run_tests()

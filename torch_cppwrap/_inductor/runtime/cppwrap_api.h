@@ -15,7 +15,7 @@
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
-#define CPPWRAP_API_VERSION 4
+#define CPPWRAP_API_VERSION 5
 #define CPPWRAP_API_CAPSULE "torch_cppwrap._C._api"
 
 #ifdef __cplusplus
@@ -120,6 +120,19 @@ typedef struct CppwrapApi {
   // Gives back a stack from stack_new, dropping what is left on it (the
   // results of its call).
   void (*stack_free)(void* stack);
+
+  // --- The exception behind a failure, for C++ callers only: `dst` and
+  // `src` are std::exception_ptr* (the same compiler builds both sides). ---
+  // Moves the exception of the last failed call on this thread (null if it
+  // threw none) into `dst`.
+  void (*take_exception)(void* dst);
+  // Sets the Python error for `src` as torch's bindings would, keeping its
+  // Python type; returns 0, or -1 (nothing set) where that type would only be
+  // RuntimeError.  The GIL must be held.
+  int (*raise_exception)(const void* src);
+  // The message the C shim recorded for its last failure on this thread, or
+  // null where this torch records none.
+  const char* (*shim_error)(void);
 } CppwrapApi;
 
 #ifdef __cplusplus

@@ -8,6 +8,7 @@
 #include <array>
 #include <tuple>
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <limits>
 #include <stdexcept>
@@ -27,18 +28,30 @@ namespace cppwrap {
 inline const CppwrapApi* api = nullptr;
 
 // An error raised by generated code or a failed shim/runtime call; the entry
-// point turns it into a Python RuntimeError.
+// point turns it into a Python exception: `cause`'s own type where it has
+// one (an op's ValueError, a LinAlgError), else a RuntimeError saying what().
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
+  std::exception_ptr cause;  // what the runtime caught, if anything
 };
 
+// Throws the failure of the runtime call that just returned -1.
+[[noreturn]] inline void throw_runtime_failure(std::string message) {
+  Error error(std::move(message));
+  api->take_exception(&error.cause);
+  throw error;
+}
+
 [[noreturn]] inline void fail_runtime(const char* what) {
-  throw Error(std::string(what) + ": " + api->last_error());
+  throw_runtime_failure(std::string(what) + ": " + api->last_error());
 }
 
 [[noreturn]] inline void fail_shim(const char* op) {
-  // The C shim logs the reason to stderr and returns only an error code.
-  throw Error(std::string(op) + " failed (libtorch logged the reason to stderr)");
+  // The C shim returns only an error code; recent torch keeps the message.
+  const char* reason = api->shim_error();
+  throw Error(
+      std::string(op) + " failed: " +
+      (reason != nullptr ? reason : "(libtorch logged the reason to stderr)"));
 }
 
 // Checks the status of a C-shim call; `op` names the operator for the error.
@@ -298,7 +311,7 @@ inline void check_input(
     const int64_t* strides = nullptr) {
   if (api->check_input(t.slot(), name, dtype, device_type, device_index, ndim, sizes, strides) !=
       0) {
-    throw Error(api->last_error());
+    throw_runtime_failure(api->last_error());
   }
 }
 
@@ -322,7 +335,7 @@ inline void assert_size_stride(
   if (api->check_input(
           t.slot(), op, dtype, /*device_type=*/-1, 0, static_cast<int64_t>(sizes.size()),
           sizes.begin(), strides.begin()) != 0) {
-    throw Error(std::string("output of ") + api->last_error());
+    throw_runtime_failure(std::string("output of ") + api->last_error());
   }
 }
 
@@ -436,7 +449,7 @@ class BoxedCall {
 
   BoxedCall& run() {
     if (api->call_boxed(op_, stack_) != 0) {
-      throw Error(api->last_error());
+      throw_runtime_failure(api->last_error());
     }
     return *this;
   }
@@ -578,10 +591,14 @@ inline void clear_args(PyObject* args) {
   PyList_SetSlice(args, 0, PyList_GET_SIZE(args), nullptr);
 }
 
-// Sets the Python exception for whatever the graph threw.
+// Sets the Python exception for whatever the graph threw.  Needs the GIL.
 inline PyObject* raise_current() {
   try {
     throw;
+  } catch (const Error& e) {
+    if (!e.cause || api->raise_exception(&e.cause) != 0) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   } catch (...) {

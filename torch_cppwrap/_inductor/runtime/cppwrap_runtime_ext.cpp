@@ -14,14 +14,25 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+
+#if __has_include(<torch/csrc/shim_exception_state.h>)
+#include <torch/csrc/shim_exception_state.h>
+#define CPPWRAP_SHIM_RECORDS_ERRORS 1
+#else
+#define CPPWRAP_SHIM_RECORDS_ERRORS 0
+#endif
 
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <new>
 #include <sstream>
 #include <string>
+#include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include "cppwrap_dtypes.h"
@@ -52,25 +63,41 @@ CPPWRAP_CHECK_DTYPE(kFloat8_e4m3fnuz, Float8_e4m3fnuz)
 
 namespace {
 
+// The last failure on this thread: its message, and the exception itself
+// when there was one, until the wrapper takes it (take_exception) to raise
+// it as its own Python type.
 thread_local std::string last_error_message;
+thread_local std::exception_ptr last_exception;
 
 int fail(const std::string& message) {
   last_error_message = message;
+  last_exception = nullptr;
   return -1;
 }
 
-// Runs `body`, turning any C++ exception into a -1 and a stored message.
+// Records the exception being handled; `context` prefixes its message.
+int fail_with_current(const std::string& context = "") {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    fail(context + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    fail(context + e.what());
+  } catch (...) {
+    fail(context + "unknown C++ exception");
+  }
+  last_exception = std::current_exception();
+  return -1;
+}
+
+// Runs `body`, turning any C++ exception into a -1 and a stored failure.
 template <typename F>
 int guarded(F&& body) {
   try {
     body();
     return 0;
-  } catch (const c10::Error& e) {
-    return fail(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return fail(e.what());
   } catch (...) {
-    return fail("unknown C++ exception");
+    return fail_with_current();
   }
 }
 
@@ -456,17 +483,15 @@ void push_tensor_list(void* s, const void* const* slots, int64_t n, int32_t opti
 }
 
 int call_boxed(void* op, void* s) {
-  return guarded([&] {
-    auto& handle = static_cast<OpHandle*>(op)->op;
-    try {
-      handle.callBoxed(stack_at(s));
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(
-          handle.schema().name() + ": " + e.what_without_backtrace());
-    } catch (const std::exception& e) {
-      throw std::runtime_error(handle.schema().name() + ": " + e.what());
-    }
-  });
+  auto& handle = static_cast<OpHandle*>(op)->op;
+  try {
+    handle.callBoxed(stack_at(s));
+    return 0;
+  } catch (...) {
+    // The op's own exception is kept: a custom op's ValueError, or
+    // linalg's LinAlgError, reaches Python as itself.
+    return fail_with_current(handle.schema().name() + ": ");
+  }
 }
 
 int result_tensor(void* s, int64_t i, int64_t j, void* dst) {
@@ -499,6 +524,47 @@ void* record_begin(const char* name) {
 
 void record_end(void* guard) {
   delete static_cast<at::RecordFunction*>(guard);
+}
+
+void take_exception(void* dst) {
+  *static_cast<std::exception_ptr*>(dst) = std::exchange(last_exception, nullptr);
+}
+
+// Raises `src` as torch's Python bindings would (the GIL is held): a Python
+// exception that crossed C++ comes back as itself, a c10 error of a specific
+// kind as its Python type (ValueError, IndexError, torch.linalg.LinAlgError,
+// torch.OutOfMemoryError, ...).  Returns -1 for a plain RuntimeError, whose
+// message the caller knows better (it names the op).
+int raise_exception(const void* src) {
+  const auto& exception = *static_cast<const std::exception_ptr*>(src);
+  if (!exception) {
+    return -1;
+  }
+  try {
+    std::rethrow_exception(exception);
+  } catch (const torch::PyTorchError&) {
+  } catch (const python_error&) {
+  } catch (const pybind11::error_already_set&) {
+  } catch (const c10::Error& e) {
+    if (typeid(e) == typeid(c10::Error)) {
+      return -1;
+    }
+  } catch (...) {
+    return -1;
+  }
+  torch::translate_exception_to_python(exception);
+  return PyErr_Occurred() ? 0 : -1;
+}
+
+// What the C shim recorded about its last failure on this thread (it returns
+// only an error code); null where this torch does not record it.
+const char* shim_error() {
+#if CPPWRAP_SHIM_RECORDS_ERRORS
+  const std::string& what = torch::csrc::shim::details::get_torch_exception_what_without_backtrace();
+  return what.empty() ? nullptr : what.c_str();
+#else
+  return nullptr;
+#endif
 }
 
 const CppwrapApi api_table = {
@@ -546,6 +612,9 @@ const CppwrapApi api_table = {
     record_end,
     borrow,
     stack_free,
+    take_exception,
+    raise_exception,
+    shim_error,
 };
 
 PyModuleDef module_def = {

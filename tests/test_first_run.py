@@ -3,11 +3,14 @@ and what the first build says while it runs."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import unittest
 from pathlib import Path
 
 from torch._inductor.test_case import TestCase, run_tests
+
+import torch_cppwrap
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,6 +24,31 @@ class TestInstall(TestCase):
         with open(REPO / "pyproject.toml", "rb") as f:
             dependencies = tomllib.load(f)["project"]["dependencies"]
         self.assertIn("numpy", [d.split(">")[0].split("=")[0] for d in dependencies])
+
+
+class TestCommandLine(TestCase):
+    def run_cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        # -X importtime lists every module the command imports, on stderr.
+        return subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "torch_cppwrap", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+
+    def test_help_and_version_do_not_import_torch(self) -> None:
+        for args in (["--help"], ["--version"], ["demo", "--help"]):
+            proc = self.run_cli(*args)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+            imported = [
+                line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+            ]
+            self.assertFalse("torch" in imported, f"{args} imported torch")
+        self.assertEqual(
+            self.run_cli("--version").stdout.split()[:2],
+            ["torch_cppwrap", torch_cppwrap.__version__],
+        )
 
 
 if __name__ == "__main__":

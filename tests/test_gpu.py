@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
+import textwrap
 import threading
 import traceback
 import unittest
@@ -14,6 +17,7 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 from torch._inductor import config
+from torch._inductor.codecache import PyCodeCache
 from torch._inductor.test_case import TestCase, run_tests
 from torch._inductor.utils import run_and_get_code
 
@@ -444,6 +448,51 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
 
 
 class TestDevices(CudaWrapperTestCase):
+    def test_input_on_another_device_raises_naming_it(self) -> None:
+        # A CPU tensor would reach a Triton kernel as a host pointer: an
+        # illegal address, which poisons the CUDA context, so the calls run in
+        # a child process.
+        def fn(x, y):
+            return x * y + 1
+
+        args = (torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))
+        before = len(PyCodeCache.modules)
+        self.check(fn, args)
+        (module,) = [m for m in PyCodeCache.modules[before:] if hasattr(m, "call")]
+        child = textwrap.dedent(
+            """
+            import importlib.util, sys
+            import torch, torch_cppwrap
+            spec = importlib.util.spec_from_file_location("graph", sys.argv[1])
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            y = torch.randn(8, 8, device="cuda")
+            for label, x in (("cpu", torch.randn(8, 8)), ("meta", y.to("meta"))):
+                try:
+                    module.call([x, y])
+                    print(label, "no error")
+                except Exception as e:
+                    print(label, type(e).__name__, str(e).splitlines()[0])
+            (out,) = module.call([y, y])
+            torch.cuda.synchronize()
+            print("cuda", bool(torch.equal(out, y * y + 1)))
+            """
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", child, module.__file__],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        for label in ("cpu", "meta"):
+            self.assertIn(
+                f"{label} RuntimeError input arg0_1: expected a tensor on cuda:0 but "
+                f"got one on {label}",
+                proc.stdout,
+            )
+        self.assertIn("cuda True", proc.stdout)
+
     def test_cpu_and_cuda_in_one_graph(self) -> None:
         def fn(x, y):
             return (x.cuda() + y).relu(), (y.cpu() * 2)

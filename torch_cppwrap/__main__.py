@@ -1,16 +1,23 @@
-"""``python -m torch_cppwrap {demo,bench,patches}``."""
+"""``python -m torch_cppwrap {demo,bench,patches}``.
+
+Only the standard library is imported until a command runs (``_bench`` keeps
+to it too), so that ``--help`` and ``--version`` answer at once; the package
+left importing and patching torch to :func:`main`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import functools
 import importlib
+import importlib.metadata
 import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch_cppwrap
 from torch_cppwrap import _bench
 from torch_cppwrap._bench import progress
 
@@ -132,11 +139,21 @@ def patches(argv: Sequence[str]) -> int:
     return module.main(list(argv))
 
 
+def _version_text() -> str:
+    # From the installed metadata: importing torch to ask would take seconds.
+    try:
+        torch_version = f"torch {importlib.metadata.version('torch')}"
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "torch is not installed"
+    return f"torch_cppwrap {torch_cppwrap.__version__} ({torch_version})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m torch_cppwrap",
         description="torch_cppwrap: TorchInductor's host wrapper as C++.",
     )
+    parser.add_argument("--version", action="version", version=_version_text())
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="{demo,bench,patches}"
     )
@@ -169,8 +186,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `patches` takes its own options, which argparse must not read.
     if argv[:1] == ["patches"]:
+        torch_cppwrap._patch_if_supported()
         return patches(argv[1:])
     ns = build_parser().parse_args(argv)
+    # Past --help and --version: what `import torch_cppwrap` does elsewhere.
+    torch_cppwrap._patch_if_supported()
     if ns.command == "demo":
         return demo(ns)
     return _bench.run_from_args(ns)

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -92,6 +92,23 @@ def sha256_hex(*parts: str | bytes) -> str:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def _first_use_step(action: str, why: str) -> Iterator[None]:
+    """Says on stderr what a once-per-torch-version (or per-machine) step
+    does and how long it took: the first compile in a new environment pauses
+    for a minute, and should say why.  Later runs find the result and say
+    nothing."""
+    print(f"torch_cppwrap: {action} ({why})...", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    outcome = "failed after"
+    try:
+        yield
+        outcome = "done in"
+    finally:
+        elapsed = time.perf_counter() - started
+        print(f"torch_cppwrap: {action}: {outcome} {elapsed:.1f} s", file=sys.stderr)
+
+
 def runtime_cache_dir() -> Path:
     root = os.environ.get("TORCH_CPPWRAP_CACHE_DIR")
     if root is None:
@@ -148,7 +165,10 @@ def remember_vec_isa_probe(
             return path.read_text().strip() == "ok"
         except OSError:
             pass
-        ok = check_build(isa, code)
+        with _first_use_step(
+            f"checking whether this CPU runs {isa} code", "once per machine"
+        ):
+            ok = check_build(isa, code)
         # A read-only cache only costs the probe next time.
         with contextlib.suppress(OSError):
             write_atomic(path, "ok\n" if ok else "no\n")
@@ -375,13 +395,15 @@ class RuntimeExtension:
 
         def build(tmpdir: Path) -> Path:
             out = tmpdir / "runtime.so"
-            print(
-                "torch_cppwrap: building the runtime extension for torch "
-                f"{torch.__version__} (once per torch version)...",
-                file=sys.stderr,
-                flush=True,
-            )
-            _run(tc.runtime_extension(str(source), str(out)), str(source), str(tmpdir))
+            with _first_use_step(
+                f"building the runtime extension for torch {torch.__version__}",
+                f"once per torch version, into {target.parent}",
+            ):
+                _run(
+                    tc.runtime_extension(str(source), str(out)),
+                    str(source),
+                    str(tmpdir),
+                )
             return out
 
         path = _build_once(target, build, "the runtime extension")
@@ -417,13 +439,9 @@ def precompiled_header_dir(
 
         def build(tmpdir: Path) -> Path:
             out = tmpdir / "header.gch"
-            print(
-                f"torch_cppwrap: building {what} (once per torch version)...",
-                file=sys.stderr,
-                flush=True,
-            )
             cmd = _Toolchain.pch_compile(compile_cmd, str(header), str(out))
-            _run(cmd, str(header), str(tmpdir))
+            with _first_use_step(f"building {what}", "once per torch version"):
+                _run(cmd, str(header), str(tmpdir))
             return out
 
         _build_once(target, build, what)

@@ -28,7 +28,7 @@ from typing import Any
 
 import sympy
 import torch
-from torch._inductor import ir
+from torch._inductor import config, ir
 from torch._inductor.codegen.common import IndentedBuffer
 from torch._inductor.codegen.cpp_utils import cexpr
 from torch._inductor.codegen.wrapper import (
@@ -309,21 +309,37 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 if isinstance(stride, sympy.Expr) and stride.free_symbols:
                     bind(stride, f"{strides_of(name)}[{dim}]")
 
+    def codegen_input_size_and_nan_asserts(self) -> None:
+        # Device and dtype are always checked: a kernel given a meta tensor,
+        # or one on another device, would read memory that is not there.
+        self.codegen_input_checks(layout=bool(config.size_asserts))
+        if config.nan_asserts:
+            self.codegen_input_nan_asserts()
+
     def codegen_input_size_asserts(self) -> None:
+        self.codegen_input_checks(layout=True)
+
+    def codegen_input_checks(self, layout: bool) -> None:
+        """One check per tensor input: device and dtype, and with `layout`
+        its sizes and strides (not for an empty tensor, whose strides are
+        arbitrary)."""
         for name, buf in self.get_graph_inputs().items():
             if (
                 not isinstance(buf, ir.TensorBox)
                 or name not in V.graph.graph_input_names
             ):
                 continue
-            if sympy_product(buf.get_size()) == 0:
-                continue
-            sizes = self.codegen_shape_tuple(buf.get_size())
-            strides = self.codegen_shape_tuple(buf.get_stride())
-            self.prefix.writeline(
-                f"cppwrap::check_input({name}, {spell.string_literal(name)}, "
-                f"{spell.dtype_code(buf.get_dtype())}, {sizes}, {strides});"
-            )
+            device = buf.get_device() or torch.device(self.device)
+            args = [
+                name,
+                spell.string_literal(name),
+                spell.dtype_code(buf.get_dtype()),
+                spell.device_args(device),
+            ]
+            if layout and sympy_product(buf.get_size()) != 0:
+                args.append(self.codegen_shape_tuple(buf.get_size()))
+                args.append(self.codegen_shape_tuple(buf.get_stride()))
+            self.prefix.writeline(f"cppwrap::check_input({', '.join(args)});")
 
     def codegen_deferred_input_asserts(self, input_names: Any) -> None:
         # Our input checks are all made up front, in codegen_input_size_asserts.
@@ -757,9 +773,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
             for arg, value in zip(op._schema.arguments, raw_args, strict=True)
         ]
         self.writeline(f"{call}{''.join(pushes)}.run();")
+        if op._schema.returns:
+            self._read_results(call, op, outputs)
+        self.writeline(f"{call}.finish();")
+
+    def _read_results(self, call: str, op: torch._ops.OpOverload, outputs: Any) -> None:
         returns = op._schema.returns
-        if not returns:
-            return
         for out in _flatten(outputs):
             if isinstance(out, ir.MultiOutput):
                 # Its indices say where it sits: (tuple, i) picks the i-th

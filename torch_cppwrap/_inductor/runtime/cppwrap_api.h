@@ -15,7 +15,7 @@
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
-#define CPPWRAP_API_VERSION 2
+#define CPPWRAP_API_VERSION 5
 #define CPPWRAP_API_CAPSULE "torch_cppwrap._C._api"
 
 #ifdef __cplusplus
@@ -61,12 +61,16 @@ typedef struct CppwrapApi {
   int64_t (*dim)(const void* slot);
   const int64_t* (*sizes)(const void* slot);
   const int64_t* (*strides)(const void* slot);
-  // Checks dtype (if >= 0), rank, sizes and strides (entries < 0 are not
-  // checked) of a graph input; the error names the input and both layouts.
+  // Checks the device (if device_type >= 0; the index only where the tensor
+  // has one), dtype (if >= 0), rank (if ndim >= 0), sizes and strides
+  // (entries < 0 are not checked) of a graph input; the error names the
+  // input and what was expected and found.
   int (*check_input)(
       const void* slot,
       const char* name,
       int32_t dtype,
+      int32_t device_type,
+      int32_t device_index,
       int64_t ndim,
       const int64_t* sizes,
       const int64_t* strides);
@@ -79,7 +83,9 @@ typedef struct CppwrapApi {
   // Each call site keeps its op handle in a static; find_op returns null and
   // sets last_error if the op does not exist.
   void* (*find_op)(const char* name, const char* overload);
-  void* (*stack_new)(void);  // a fresh, thread-local argument stack
+  // An empty argument stack, owned by the caller until stack_free; null (and
+  // last_error) when out of memory.
+  void* (*stack_new)(void);
   void (*push_none)(void* stack);
   void (*push_tensor)(void* stack, const void* slot);
   void (*push_int)(void* stack, int64_t value);
@@ -110,6 +116,23 @@ typedef struct CppwrapApi {
   // the caller keeps `obj` alive while it uses the slot, and forgets the slot
   // instead of releasing it.  The GIL must be held.
   int (*borrow)(PyObject* obj, void* slot, const char* what);
+
+  // Gives back a stack from stack_new, dropping what is left on it (the
+  // results of its call).
+  void (*stack_free)(void* stack);
+
+  // --- The exception behind a failure, for C++ callers only: `dst` and
+  // `src` are std::exception_ptr* (the same compiler builds both sides). ---
+  // Moves the exception of the last failed call on this thread (null if it
+  // threw none) into `dst`.
+  void (*take_exception)(void* dst);
+  // Sets the Python error for `src` as torch's bindings would, keeping its
+  // Python type; returns 0, or -1 (nothing set) where that type would only be
+  // RuntimeError.  The GIL must be held.
+  int (*raise_exception)(const void* src);
+  // The message the C shim recorded for its last failure on this thread, or
+  // null where this torch records none.
+  const char* (*shim_error)(void);
 } CppwrapApi;
 
 #ifdef __cplusplus

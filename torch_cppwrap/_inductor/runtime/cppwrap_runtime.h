@@ -8,6 +8,7 @@
 #include <array>
 #include <tuple>
 #include <cstdint>
+#include <exception>
 #include <initializer_list>
 #include <limits>
 #include <stdexcept>
@@ -28,18 +29,30 @@ namespace cppwrap {
 inline const CppwrapApi* api = nullptr;
 
 // An error raised by generated code or a failed shim/runtime call; the entry
-// point turns it into a Python RuntimeError.
+// point turns it into a Python exception: `cause`'s own type where it has
+// one (an op's ValueError, a LinAlgError), else a RuntimeError saying what().
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
+  std::exception_ptr cause;  // what the runtime caught, if anything
 };
 
+// Throws the failure of the runtime call that just returned -1.
+[[noreturn]] inline void throw_runtime_failure(std::string message) {
+  Error error(std::move(message));
+  api->take_exception(&error.cause);
+  throw error;
+}
+
 [[noreturn]] inline void fail_runtime(const char* what) {
-  throw Error(std::string(what) + ": " + api->last_error());
+  throw_runtime_failure(std::string(what) + ": " + api->last_error());
 }
 
 [[noreturn]] inline void fail_shim(const char* op) {
-  // The C shim logs the reason to stderr and returns only an error code.
-  throw Error(std::string(op) + " failed (libtorch logged the reason to stderr)");
+  // The C shim returns only an error code; recent torch keeps the message.
+  const char* reason = api->shim_error();
+  throw Error(
+      std::string(op) + " failed: " +
+      (reason != nullptr ? reason : "(libtorch logged the reason to stderr)"));
 }
 
 // Checks the status of a C-shim call; `op` names the operator for the error.
@@ -286,22 +299,34 @@ inline double item_double(const Tensor& t) {
   return value;
 }
 
+// Checks a graph input's device and dtype, and its sizes and strides when
+// given (config.size_asserts); `name` names the input in the error.
 inline void check_input(
     const Tensor& t,
     const char* name,
     int32_t dtype,
-    int64_t ndim,
-    const int64_t* sizes,
-    const int64_t* strides) {
-  if (api->check_input(t.slot(), name, dtype, ndim, sizes, strides) != 0) {
-    throw Error(api->last_error());
+    int32_t device_type,
+    int32_t device_index,
+    int64_t ndim = -1,
+    const int64_t* sizes = nullptr,
+    const int64_t* strides = nullptr) {
+  if (api->check_input(t.slot(), name, dtype, device_type, device_index, ndim, sizes, strides) !=
+      0) {
+    throw_runtime_failure(api->last_error());
   }
 }
 
 inline void check_input(
-    const Tensor& t, const char* name, int32_t dtype, IntList sizes, IntList strides) {
+    const Tensor& t,
+    const char* name,
+    int32_t dtype,
+    int32_t device_type,
+    int32_t device_index,
+    IntList sizes,
+    IntList strides) {
   check_input(
-      t, name, dtype, static_cast<int64_t>(sizes.size()), sizes.begin(), strides.begin());
+      t, name, dtype, device_type, device_index, static_cast<int64_t>(sizes.size()),
+      sizes.begin(), strides.begin());
 }
 
 // The layout check Inductor asks for after an op whose output layout it
@@ -309,9 +334,9 @@ inline void check_input(
 inline void assert_size_stride(
     const Tensor& t, IntList sizes, IntList strides, const char* op, int32_t dtype = -1) {
   if (api->check_input(
-          t.slot(), op, dtype, static_cast<int64_t>(sizes.size()), sizes.begin(),
-          strides.begin()) != 0) {
-    throw Error(std::string("output of ") + api->last_error());
+          t.slot(), op, dtype, /*device_type=*/-1, 0, static_cast<int64_t>(sizes.size()),
+          sizes.begin(), strides.begin()) != 0) {
+    throw_runtime_failure(std::string("output of ") + api->last_error());
   }
 }
 
@@ -331,10 +356,30 @@ inline std::remove_reference_t<T>* address_of(T&& value) {
   return &value;
 }
 
-// A call through the dispatcher for an op that has no C shim.
+// A call through the dispatcher for an op that has no C shim.  It owns its
+// argument stack, so calls may nest: the op may run a compiled graph that
+// makes boxed calls of its own.
 class BoxedCall {
  public:
-  explicit BoxedCall(void* op) : op_(op), stack_(api->stack_new()) {}
+  explicit BoxedCall(void* op) : op_(op), stack_(api->stack_new()) {
+    if (stack_ == nullptr) {
+      fail_runtime("dispatcher call");
+    }
+  }
+  BoxedCall(const BoxedCall&) = delete;
+  BoxedCall& operator=(const BoxedCall&) = delete;
+  ~BoxedCall() {
+    finish();
+  }
+
+  // Drops the results once they have been read, so that each is freed at
+  // its last use rather than when the graph returns.
+  void finish() {
+    if (stack_ != nullptr) {
+      api->stack_free(stack_);
+      stack_ = nullptr;
+    }
+  }
 
   BoxedCall& none() {
     api->push_none(stack_);
@@ -405,7 +450,7 @@ class BoxedCall {
 
   BoxedCall& run() {
     if (api->call_boxed(op_, stack_) != 0) {
-      throw Error(api->last_error());
+      throw_runtime_failure(api->last_error());
     }
     return *this;
   }
@@ -547,10 +592,14 @@ inline void clear_args(PyObject* args) {
   PyList_SetSlice(args, 0, PyList_GET_SIZE(args), nullptr);
 }
 
-// Sets the Python exception for whatever the graph threw.
+// Sets the Python exception for whatever the graph threw.  Needs the GIL.
 inline PyObject* raise_current() {
   try {
     throw;
+  } catch (const Error& e) {
+    if (!e.cause || api->raise_exception(&e.cause) != 0) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
   } catch (...) {

@@ -14,13 +14,25 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+
+#if __has_include(<torch/csrc/shim_exception_state.h>)
+#include <torch/csrc/shim_exception_state.h>
+#define CPPWRAP_SHIM_RECORDS_ERRORS 1
+#else
+#define CPPWRAP_SHIM_RECORDS_ERRORS 0
+#endif
 
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
+#include <memory>
 #include <new>
 #include <sstream>
 #include <string>
+#include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include "cppwrap_dtypes.h"
@@ -51,25 +63,41 @@ CPPWRAP_CHECK_DTYPE(kFloat8_e4m3fnuz, Float8_e4m3fnuz)
 
 namespace {
 
+// The last failure on this thread: its message, and the exception itself
+// when there was one, until the wrapper takes it (take_exception) to raise
+// it as its own Python type.
 thread_local std::string last_error_message;
+thread_local std::exception_ptr last_exception;
 
 int fail(const std::string& message) {
   last_error_message = message;
+  last_exception = nullptr;
   return -1;
 }
 
-// Runs `body`, turning any C++ exception into a -1 and a stored message.
+// Records the exception being handled; `context` prefixes its message.
+int fail_with_current(const std::string& context = "") {
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    fail(context + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    fail(context + e.what());
+  } catch (...) {
+    fail(context + "unknown C++ exception");
+  }
+  last_exception = std::current_exception();
+  return -1;
+}
+
+// Runs `body`, turning any C++ exception into a -1 and a stored failure.
 template <typename F>
 int guarded(F&& body) {
   try {
     body();
     return 0;
-  } catch (const c10::Error& e) {
-    return fail(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return fail(e.what());
   } catch (...) {
-    return fail("unknown C++ exception");
+    return fail_with_current();
   }
 }
 
@@ -268,16 +296,37 @@ int check_input(
     const void* slot,
     const char* name,
     int32_t dtype,
+    int32_t device_type,
+    int32_t device_index,
     int64_t ndim,
     const int64_t* expected_sizes,
     const int64_t* expected_strides) {
   const at::Tensor& t = tensor_at(slot);
+  if (device_type >= 0) {
+    // A kernel reads the data behind data_ptr(): a meta tensor has none, a
+    // tensor on another device has it where the kernel cannot look.
+    const c10::Device actual = t.device();
+    const auto expected_type = static_cast<c10::DeviceType>(device_type);
+    const bool indexed = expected_type != c10::DeviceType::CPU;
+    if (actual.type() != expected_type ||
+        (indexed && actual.has_index() && actual.index() != device_index)) {
+      const c10::Device expected(
+          expected_type, indexed ? static_cast<c10::DeviceIndex>(device_index) : -1);
+      return fail(
+          std::string("input ") + name + ": expected a tensor on " + expected.str() +
+          " but got one on " + actual.str() +
+          " (the graph was compiled for another device)");
+    }
+  }
   if (dtype >= 0 && static_cast<int32_t>(t.scalar_type()) != dtype) {
     return fail(
         std::string("input ") + name + ": expected dtype " +
         c10::toString(static_cast<c10::ScalarType>(dtype)) + " but got " +
         c10::toString(t.scalar_type()) +
         " (the graph was compiled for another dtype)");
+  }
+  if (ndim < 0) {
+    return 0;
   }
   bool ok = t.dim() == ndim;
   auto actual_sizes = t.sizes();
@@ -337,10 +386,34 @@ Stack& stack_at(void* stack) {
   return *static_cast<Stack*>(stack);
 }
 
+// Every BoxedCall owns its stack from construction to finish: a boxed op may
+// run Python that calls another compiled graph on this thread, whose boxed
+// calls must not touch the stack of the call still in progress.  Finished
+// stacks are kept per thread, with their capacity, for the next call.
+thread_local std::vector<std::unique_ptr<Stack>> free_stacks;
+
 void* stack_new() {
-  thread_local Stack stack;
-  stack.clear();
-  return &stack;
+  try {
+    if (free_stacks.empty()) {
+      return new Stack();
+    }
+    Stack* stack = free_stacks.back().release();
+    free_stacks.pop_back();
+    return stack;
+  } catch (const std::bad_alloc&) {
+    fail("out of memory for a dispatcher call's arguments");
+    return nullptr;
+  }
+}
+
+void stack_free(void* s) {
+  std::unique_ptr<Stack> stack(static_cast<Stack*>(s));
+  stack->clear();  // the op's results: freed here, not at the next call
+  try {
+    free_stacks.push_back(std::move(stack));
+  } catch (const std::bad_alloc&) {
+    // Not kept: `stack` deletes it.
+  }
 }
 
 void push_none(void* s) {
@@ -410,17 +483,15 @@ void push_tensor_list(void* s, const void* const* slots, int64_t n, int32_t opti
 }
 
 int call_boxed(void* op, void* s) {
-  return guarded([&] {
-    auto& handle = static_cast<OpHandle*>(op)->op;
-    try {
-      handle.callBoxed(stack_at(s));
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(
-          handle.schema().name() + ": " + e.what_without_backtrace());
-    } catch (const std::exception& e) {
-      throw std::runtime_error(handle.schema().name() + ": " + e.what());
-    }
-  });
+  auto& handle = static_cast<OpHandle*>(op)->op;
+  try {
+    handle.callBoxed(stack_at(s));
+    return 0;
+  } catch (...) {
+    // The op's own exception is kept: a custom op's ValueError, or
+    // linalg's LinAlgError, reaches Python as itself.
+    return fail_with_current(handle.schema().name() + ": ");
+  }
 }
 
 int result_tensor(void* s, int64_t i, int64_t j, void* dst) {
@@ -453,6 +524,47 @@ void* record_begin(const char* name) {
 
 void record_end(void* guard) {
   delete static_cast<at::RecordFunction*>(guard);
+}
+
+void take_exception(void* dst) {
+  *static_cast<std::exception_ptr*>(dst) = std::exchange(last_exception, nullptr);
+}
+
+// Raises `src` as torch's Python bindings would (the GIL is held): a Python
+// exception that crossed C++ comes back as itself, a c10 error of a specific
+// kind as its Python type (ValueError, IndexError, torch.linalg.LinAlgError,
+// torch.OutOfMemoryError, ...).  Returns -1 for a plain RuntimeError, whose
+// message the caller knows better (it names the op).
+int raise_exception(const void* src) {
+  const auto& exception = *static_cast<const std::exception_ptr*>(src);
+  if (!exception) {
+    return -1;
+  }
+  try {
+    std::rethrow_exception(exception);
+  } catch (const torch::PyTorchError&) {
+  } catch (const python_error&) {
+  } catch (const pybind11::error_already_set&) {
+  } catch (const c10::Error& e) {
+    if (typeid(e) == typeid(c10::Error)) {
+      return -1;
+    }
+  } catch (...) {
+    return -1;
+  }
+  torch::translate_exception_to_python(exception);
+  return PyErr_Occurred() ? 0 : -1;
+}
+
+// What the C shim recorded about its last failure on this thread (it returns
+// only an error code); null where this torch does not record it.
+const char* shim_error() {
+#if CPPWRAP_SHIM_RECORDS_ERRORS
+  const std::string& what = torch::csrc::shim::details::get_torch_exception_what_without_backtrace();
+  return what.empty() ? nullptr : what.c_str();
+#else
+  return nullptr;
+#endif
 }
 
 const CppwrapApi api_table = {
@@ -499,6 +611,10 @@ const CppwrapApi api_table = {
     record_begin,
     record_end,
     borrow,
+    stack_free,
+    take_exception,
+    raise_exception,
+    shim_error,
 };
 
 PyModuleDef module_def = {

@@ -1,0 +1,107 @@
+"""What a new user meets first: the install's dependencies, the command line,
+and what the first build says while it runs."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+from unittest import mock
+
+from torch._inductor.test_case import TestCase, run_tests
+
+import torch_cppwrap
+from torch_cppwrap._inductor import codecache
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class TestInstall(TestCase):
+    @unittest.skipIf(sys.version_info < (3, 11), "tomllib is new in Python 3.11")
+    def test_numpy_is_installed_with_the_package(self) -> None:
+        # Without numpy, importing torch warns "Failed to initialize NumPy".
+        import tomllib
+
+        with open(REPO / "pyproject.toml", "rb") as f:
+            dependencies = tomllib.load(f)["project"]["dependencies"]
+        self.assertIn("numpy", [d.split(">")[0].split("=")[0] for d in dependencies])
+
+
+class TestCommandLine(TestCase):
+    def run_cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        # -X importtime lists every module the command imports, on stderr.
+        return subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "torch_cppwrap", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+
+    def test_help_and_version_do_not_import_torch(self) -> None:
+        for args in (["--help"], ["--version"], ["demo", "--help"]):
+            proc = self.run_cli(*args)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+            imported = [
+                line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+            ]
+            self.assertFalse("torch" in imported, f"{args} imported torch")
+        self.assertEqual(
+            self.run_cli("--version").stdout.split()[:2],
+            ["torch_cppwrap", torch_cppwrap.__version__],
+        )
+
+
+class TestFirstBuildMessages(TestCase):
+    def test_first_build_says_what_it_builds_and_how_long(self) -> None:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        if not codecache._is_gcc():
+            self.skipTest("precompiled headers are built with gcc only")
+        with tempfile.TemporaryDirectory() as tmp:
+            header = Path(tmp, "tiny.h")
+            header.write_text("inline int tiny() { return 1; }\n")
+            compile_cmd = [get_cpp_compiler(), "-c", "SRC", "-o", "OUT"]
+            env = {"TORCH_CPPWRAP_CACHE_DIR": tmp, "TORCH_CPPWRAP_NO_PCH": "0"}
+            messages = []
+            with mock.patch.dict(os.environ, env), mock.patch.dict(codecache._pch_dirs):
+                for _ in range(2):
+                    codecache._pch_dirs.clear()  # as a new process would start
+                    stderr = io.StringIO()
+                    with contextlib.redirect_stderr(stderr):
+                        codecache.precompiled_header_dir(
+                            header, "tiny.h", compile_cmd, "digest"
+                        )
+                    messages.append(stderr.getvalue().splitlines())
+        first, later = messages
+        self.assertEqual(len(first), 2, first)
+        self.assertRegex(
+            first[0], r"^torch_cppwrap: building the precompiled tiny.h .*\.\.\.$"
+        )
+        self.assertRegex(first[1], r"^torch_cppwrap: building .*: done in \d+\.\d s$")
+        self.assertEqual(later, [])  # built once: later runs say nothing
+
+    def test_vec_isa_probe_says_what_it_checks_once(self) -> None:
+        remembered = codecache.remember_vec_isa_probe(lambda isa, code: True)
+        with (
+            tempfile.TemporaryDirectory() as cache,
+            mock.patch.dict(os.environ, {"TORCH_CPPWRAP_CACHE_DIR": cache}),
+        ):
+            stderr = io.StringIO()
+            with contextlib.redirect_stderr(stderr):
+                remembered("avx2", "int main() {}")
+                remembered("avx2", "int main() {}")  # remembered: silent
+        lines = stderr.getvalue().splitlines()
+        self.assertEqual(len(lines), 2, lines)
+        self.assertIn("avx2", lines[0])
+        self.assertIn("once per machine", lines[0])
+        self.assertRegex(lines[1], r"done in \d+\.\d s$")
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,253 @@
+"""tools/conformance.py: JUnit parsing, the upstream/ours comparison, the report.
+
+No PyTorch test file is needed: the end-to-end test runs a tiny synthetic test
+file, in a temporary directory, through both modes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from torch._inductor.test_case import TestCase, run_tests
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "conformance.py"
+
+
+def load_tool() -> ModuleType:
+    """tools/ is not a package (nothing users import): load the script by path."""
+    spec = importlib.util.spec_from_file_location("conformance", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+conformance = load_tool()
+
+COMPILE_LOG = textwrap.dedent(
+    """\
+    CppCompileError: C++ compile error
+    /tmp/x/cabc.cpp:12:5: error: 'div_floor_integer' is not a member of 'c10'
+    """
+)
+JUNIT = f"""\
+<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest">
+<testcase classname="test_x.T" name="test_ok" time="1.0"/>
+<testcase classname="test_x.T" name="test_compile" time="1.0">
+<failure message="torch._inductor.exc.InductorError: CppCompileError: C++ compile error&#10;more"
+>{COMPILE_LOG}</failure></testcase>
+<testcase classname="test_x.T" name="test_error" time="0.1">
+<error message="failed on setup with &quot;RuntimeError: boom&quot;">trace</error>
+</testcase>
+<testcase classname="test_x.T" name="test_skip" time="0.0">
+<skipped type="pytest.skip" message="needs a GPU">skip</skipped></testcase>
+<testcase classname="" name="test_y" time="0.0">
+<error message="collection failure">Traceback
+E   ImportError: cannot import name 'quantizer'</error></testcase>
+</testsuite></testsuites>
+"""
+
+
+def case(test_id: str, outcome: str, message: str = "") -> Any:
+    return conformance.CaseResult(test_id, outcome, message, message)
+
+
+def results(*cases: Any) -> dict[str, Any]:
+    return {c.test_id: c for c in cases}
+
+
+class TestJUnit(TestCase):
+    def parse(self) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "junit.xml"
+            path.write_text(JUNIT)
+            return conformance.parse_junit(path)
+
+    def test_outcomes(self) -> None:
+        parsed = self.parse()
+        outcomes = {i: r.outcome for i, r in parsed.items()}
+        self.assertEqual(
+            outcomes,
+            {
+                "test_x.T::test_ok": "passed",
+                "test_x.T::test_compile": "failed",
+                "test_x.T::test_error": "error",
+                "test_x.T::test_skip": "skipped",
+                "::test_y": "error",
+            },
+        )
+
+    def test_messages(self) -> None:
+        parsed = self.parse()
+        compile_failure = parsed["test_x.T::test_compile"]
+        self.assertEqual(
+            compile_failure.message,
+            "torch._inductor.exc.InductorError: CppCompileError: C++ compile error",
+        )
+        self.assertEqual(
+            conformance.compiler_error(compile_failure.details),
+            "/tmp/x/cabc.cpp:12:5: error: 'div_floor_integer' is not a member of 'c10'",
+        )
+        self.assertEqual(parsed["test_x.T::test_skip"].message, "needs a GPU")
+
+    def test_collection_failure_says_why(self) -> None:
+        errors = conformance.collection_errors(self.parse())
+        self.assertEqual(
+            [e.message for e in errors],
+            ["collection failure: ImportError: cannot import name 'quantizer'"],
+        )
+
+    def test_compiler_error_absent(self) -> None:
+        self.assertIsNone(conformance.compiler_error("AssertionError: 1 != 2"))
+
+
+class TestComparison(TestCase):
+    upstream = results(
+        case("t::same", "passed"),
+        case("t::regressed", "passed"),
+        case("t::both", "failed", "old API"),
+        case("t::fixed", "error", "boom"),
+        case("t::crashed", "passed"),
+        case("t::skipped", "skipped"),
+    )
+    ours = results(
+        case("t::same", "passed"),
+        case("t::regressed", "failed", "AssertionError: no profiler event"),
+        case("t::both", "error", "old API"),
+        case("t::fixed", "passed"),
+        case("t::skipped", "skipped"),
+    )
+
+    def test_regressions(self) -> None:
+        found = conformance.regressions(self.upstream, self.ours)
+        self.assertEqual([c.test_id for c in found], ["t::regressed"])
+        self.assertEqual(found[0].message, "AssertionError: no profiler event")
+
+    def test_other_lists(self) -> None:
+        self.assertEqual(
+            conformance.broken_in_both(self.upstream, self.ours), ["t::both"]
+        )
+        self.assertEqual(
+            conformance.fixed_by_ours(self.upstream, self.ours), ["t::fixed"]
+        )
+        self.assertEqual(
+            conformance.missing_in_ours(self.upstream, self.ours), ["t::crashed"]
+        )
+
+    def test_counts(self) -> None:
+        counts = conformance.count_outcomes(self.ours)
+        self.assertEqual(
+            (counts["passed"], counts["failed"], counts["error"]), (2, 1, 1)
+        )
+
+    def test_report(self) -> None:
+        log = Path("/logs/pytest.log")
+        report = conformance.FileReport(
+            "test_x.py",
+            conformance.RunResult("upstream", 1, 10.0, log, self.upstream),
+            conformance.RunResult("ours", None, 20.0, log, self.ours),
+        )
+        text = conformance.render_report([report], ["- torch: test"])
+        self.assertIn("| upstream | 3 | 1 | 1 | 1 | 6 | 1 (tests failed) | 10s |", text)
+        self.assertIn(
+            "| ours | 2 | 1 | 1 | 1 | 5 | killed at the run time limit |", text
+        )
+        self.assertIn("### Pass upstream, fail ours (1)", text)
+        self.assertIn("- `t::regressed`: AssertionError: no profiler event", text)
+        self.assertIn("### Pass upstream, no outcome in ours (1)", text)
+        self.assertIn("Fail (or error) in both modes: 1.", text)
+
+
+SYNTHETIC_TESTS = textwrap.dedent(
+    """\
+    import sys
+
+    import pytest
+
+
+    def test_same():
+        assert True
+
+
+    def test_differs():
+        assert "torch_cppwrap" not in sys.modules, "torch_cppwrap is imported"
+
+
+    def test_skipped():
+        pytest.skip("synthetic skip")
+    """
+)
+
+
+class TestRuns(TestCase):
+    def options(self, tmp: Path, keyword: str | None = None) -> Any:
+        return conformance.Options(
+            test_dir=tmp / "tests",
+            work_dir=tmp / "work",
+            cppwrap_cache_dir=tmp / "cppwrap-cache",
+            keyword=keyword,
+            jobs=1,
+            test_timeout=300,
+            run_timeout=600,
+            python=sys.executable,
+        )
+
+    def setup_dirs(self, tmp: Path) -> None:
+        (tmp / "tests").mkdir()
+        (tmp / "tests" / "test_synthetic.py").write_text(SYNTHETIC_TESTS)
+        (tmp / "work").mkdir()
+        (tmp / "work" / "pytest.ini").write_text("[pytest]\n")
+
+    def test_both_modes(self) -> None:
+        with tempfile.TemporaryDirectory() as name:
+            tmp = Path(name)
+            self.setup_dirs(tmp)
+            report = conformance.run_file("test_synthetic.py", self.options(tmp))
+            self.assertEqual(report.upstream.returncode, 0)
+            self.assertEqual(report.ours.returncode, 1)
+            found = conformance.regressions(
+                report.upstream.results, report.ours.results
+            )
+            self.assertEqual(
+                [c.test_id for c in found], ["test_synthetic::test_differs"]
+            )
+            self.assertIn("torch_cppwrap is imported", found[0].message)
+            counts = conformance.count_outcomes(report.ours.results)
+            self.assertEqual((counts["passed"], counts["skipped"]), (1, 1))
+            # Nothing written beside the test file; the caches are gone.
+            self.assertEqual(
+                sorted(p.name for p in (tmp / "tests").iterdir()),
+                ["test_synthetic.py"],
+            )
+            self.assertFalse(
+                (tmp / "work" / "test_synthetic" / "ours" / "cache").exists()
+            )
+
+    def test_no_tests_collected(self) -> None:
+        with tempfile.TemporaryDirectory() as name:
+            tmp = Path(name)
+            self.setup_dirs(tmp)
+            options = self.options(tmp, keyword="matches_nothing")
+            run = conformance.run_mode("test_synthetic.py", "upstream", options)
+            self.assertEqual(run.returncode, 5)
+            self.assertEqual(run.results, {})
+            self.assertIn("5 (no tests collected)", conformance._mode_row(run))
+
+    def test_run_time_limit(self) -> None:
+        with tempfile.TemporaryDirectory() as name:
+            log = Path(name) / "log"
+            command = [sys.executable, "-c", "import time; time.sleep(60)"]
+            code = conformance.run_subprocess(command, {}, Path(name), log, 1)
+            self.assertIsNone(code)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -75,6 +75,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.virtual_buffers: OrderedSet[str] = OrderedSet()
         # Graph inputs held as cppwrap::Input (maybe borrowed from the caller).
         self.input_tensors: OrderedSet[str] = OrderedSet()
+        # The collectives this graph issues and waits for, in program order
+        # (op names): a fact for whoever must know that the graph
+        # communicates, e.g. the CUDA wrapper's CUDA-graph replay.
+        self.collective_ops: list[str] = []
         super().__init__()
         self.declare = "auto "
         self.declare_maybe_reference = "auto& "
@@ -671,7 +675,43 @@ class CppWrapperCpu(PythonWrapperCodegen):
             raise NotImplementedError(
                 f"torch_cppwrap: {python_kernel_name} is not supported by the C++ wrapper"
             )
+        if _is_collective(op_overload):
+            self.generate_collective(buf_name, op_overload, raw_args, outputs)
+            return
         self._generate_boxed_call(buf_name, op_overload, raw_args, outputs)
+
+    def generate_extern_kernel_alloc(self, node: ir.ExternKernelAlloc) -> None:
+        # all_reduce_ and wait_tensor come here (their IR nodes name a C shim);
+        # they go through the dispatcher like every other collective.
+        op = getattr(node, "op_overload", None)
+        if not _is_collective(op):
+            super().generate_extern_kernel_alloc(node)
+            return
+        assert isinstance(node, ir.FallbackKernel)
+        node.codegen_comment(self)
+        self.generate_collective(
+            node.get_name(),
+            op,
+            node.export_extern_kernel_node(),
+            node.outputs or node.mutation_outputs,
+        )
+
+    def generate_collective(
+        self,
+        buf_name: str,
+        op: torch._ops.OpOverload,
+        raw_args: Sequence[Any],
+        outputs: Any,
+    ) -> None:
+        """Issues a collective, or waits for one (wait_tensor), through the
+        dispatcher, as the Python wrapper does, and where Inductor placed it:
+        the kernels between a collective and its wait run while it
+        communicates.  The call skips the ops' autograd kernels, written in
+        Python (the graph is past autograd), so it needs no GIL, and the body
+        runs with the GIL released: a wait never holds it (a process group
+        written in Python takes it when it must)."""
+        self.collective_ops.append(str(op))
+        self._generate_boxed_call(buf_name, op, raw_args, outputs, below_autograd=True)
 
     def generate_scatter_fallback(self, node: Any) -> None:
         op = node.op_overload
@@ -718,20 +758,29 @@ class CppWrapperCpu(PythonWrapperCodegen):
         op: torch._ops.OpOverload,
         raw_args: Sequence[Any],
         outputs: Any,
+        *,
+        below_autograd: bool = False,
     ) -> None:
         """A call through the dispatcher: arguments pushed by schema type,
         results read back into the output buffers."""
         from torch_cppwrap._inductor.codegen.boxed_args import push_argument
 
         handle = self._op_handle(op)
-        self.virtual_buffers.add(buf_name)
+        # The node groups its outputs, unless it is its own one output (as an
+        # out-of-place collective is).
+        if not any(
+            isinstance(out, ir.Buffer) and out.get_name() == buf_name
+            for out in _flatten(outputs)
+        ):
+            self.virtual_buffers.add(buf_name)
         call = f"{buf_name}_call"
         self.writeline(f"cppwrap::BoxedCall {call}({handle}());")
         pushes = [
             push_argument(self, value, arg.real_type)
             for arg, value in zip(op._schema.arguments, raw_args, strict=True)
         ]
-        self.writeline(f"{call}{''.join(pushes)}.run();")
+        run = "run_below_autograd" if below_autograd else "run"
+        self.writeline(f"{call}{''.join(pushes)}.{run}();")
         returns = op._schema.returns
         if not returns:
             return
@@ -1117,6 +1166,19 @@ class _MultiOutputCheck(WrapperLine):
         raise NotImplementedError(
             f"torch_cppwrap: output {name} of {parent} was not produced by its kernel call"
         )
+
+
+# Namespaces of the ops that communicate: functional collectives and their
+# wait_tensor, DTensor's all-to-all, symmetric-memory collectives.
+COLLECTIVE_NAMESPACES = frozenset(
+    {"_c10d_functional", "_c10d_functional_autograd", "_dtensor", "symm_mem"}
+)
+
+
+def _is_collective(op: Any) -> bool:
+    return (
+        isinstance(op, torch._ops.OpOverload) and op.namespace in COLLECTIVE_NAMESPACES
+    )
 
 
 def _op_from_python_name(name: str) -> torch._ops.OpOverload:

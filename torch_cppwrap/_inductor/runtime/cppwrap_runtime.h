@@ -408,6 +408,13 @@ class BoxedCall {
     }
     return *this;
   }
+  // Runs the op's kernels below autograd (see call_boxed_below_autograd).
+  BoxedCall& run_below_autograd() {
+    if (api->call_boxed_below_autograd(op_, stack_) != 0) {
+      throw Error(api->last_error());
+    }
+    return *this;
+  }
 
   // Result `i` (element `j` of it, if it is a list).
   Tensor tensor_result(int64_t i, int64_t j = -1) {

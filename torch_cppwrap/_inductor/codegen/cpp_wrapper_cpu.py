@@ -70,11 +70,14 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.boxed_call_ids = itertools.count()
         self.output_lines: list[str] = []
         self.output_kinds: list[str] = []
+        self.output_objects: dict[int, str] = {}  # output index -> object input
         # Names of nodes that exist only to group a fallback's outputs; they
         # never hold a tensor, so freeing them is a no-op.
         self.virtual_buffers: OrderedSet[str] = OrderedSet()
         # Graph inputs held as cppwrap::Input (maybe borrowed from the caller).
         self.input_tensors: OrderedSet[str] = OrderedSet()
+        # Graph inputs that are Python objects passed through (PyObject*).
+        self.input_objects: OrderedSet[str] = OrderedSet()
         # The collectives this graph issues and waits for, in program order
         # (op names): a fact for whoever must know that the graph
         # communicates, e.g. the CUDA wrapper's CUDA-graph replay.
@@ -174,13 +177,17 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 fn = "unpack_input"
                 self.input_tensors.add(name)
                 self.entry.writeline(f"cppwrap::Input {name};")
+            elif isinstance(value, _compat.object_input_types()):
+                fn = "unpack_object"
+                self.input_objects.add(name)
+                self.entry.writeline(f"PyObject* {name} = nullptr;")
             else:
                 raise NotImplementedError(
                     f"torch_cppwrap: graph input {name} of kind "
                     f"{type(value).__name__} is not supported by the C++ wrapper"
                 )
             self.declared.add(name)
-            held = ", held" if fn == "unpack_input" else ""
+            held = ", held" if fn in ("unpack_input", "unpack_object") else ""
             unpacks.append(
                 f"!cppwrap::{fn}(args, {index}, {name}, {spell.string_literal(name)}{held})"
             )
@@ -408,10 +415,11 @@ class CppWrapperCpu(PythonWrapperCodegen):
         return self.make_free_by_names([buffer.get_name()])
 
     def make_free_by_names(self, names_to_del: list[str]) -> str:
+        # An object input is let go when call_impl returns, with the GIL.
         return " ".join(
             f"{name}.reset();"
             for name in names_to_del
-            if name not in self.virtual_buffers
+            if name not in self.virtual_buffers and name not in self.input_objects
         )
 
     def codegen_exact_buffer_reuse(
@@ -1054,6 +1062,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
             if isinstance(node, ir.NoneAsConstantBuffer) or ref == "nullptr":
                 self.output_kinds.append("none")
                 continue
+            if ref in self.input_objects:
+                self.output_kinds.append("object")
+                self.output_objects[index] = ref
+                continue
             if isinstance(node, ir.ShapeAsConstantBuffer):
                 expr = node.expr if hasattr(node, "expr") else node.shape
                 kind = "int" if getattr(expr, "is_integer", True) else "float"
@@ -1074,11 +1086,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
     def generate_before_suffix(self, result: IndentedBuffer) -> None:
         items = []
         for index, kind in enumerate(self.output_kinds):
-            items.append(
-                "cppwrap::output_none()"
-                if kind == "none"
-                else f"cppwrap::output(out{index})"
-            )
+            if kind == "none":
+                items.append("cppwrap::output_none()")
+            elif kind == "object":
+                items.append(f"cppwrap::output_object({self.output_objects[index]})")
+            else:
+                items.append(f"cppwrap::output(out{index})")
         n = len(items)
         packed = ", ".join(items)
         if self.body_opening():

@@ -395,7 +395,7 @@ class CppWrapperGpu(CppWrapperCpu):
         inputs = self.get_graph_inputs()
         for name in self.get_graph_input_names():
             value = inputs[name]
-            if not isinstance(value, ir.IRNode):
+            if not isinstance(value, ir.IRNode) or name in self.input_objects:
                 return f"input {name} is not a tensor"
             device = value.get_device()
             if device is None or device.type != "cuda":

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import sympy
 import torch
@@ -1188,7 +1188,7 @@ COLLECTIVE_NAMESPACES = frozenset(
 )
 
 
-def _is_collective(op: Any) -> bool:
+def _is_collective(op: Any) -> TypeGuard[torch._ops.OpOverload]:
     return (
         isinstance(op, torch._ops.OpOverload) and op.namespace in COLLECTIVE_NAMESPACES
     )

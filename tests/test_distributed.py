@@ -463,9 +463,9 @@ class TestCollectivesInGraphs(DistributedTestCase):
             ops = report["collective_ops"]
             for op in COLLECTIVES:
                 self.assertIn(op, ops)
-            # One wait per result: 2 coalesced lists of 2, the rest single,
-            # the in-place all-gather into `gathered` included.
-            self.assertEqual(ops.count(WAIT), 13, ops)
+            # At least one wait for each collective issued (one per result).
+            issued = [op for op in ops if op != WAIT]
+            self.assertGreaterEqual(ops.count(WAIT), len(issued), ops)
             (source,) = report["sources"]
             # Through the dispatcher (as the Python wrapper), not the C shim.
             self.assertIn('find_op("_c10d_functional::all_reduce_", "")', source)
@@ -512,10 +512,12 @@ class TestParallelTraining(DistributedTestCase):
             # RowwiseParallel's output all-reduce runs inside the forward
             # graph, the all-reduce of the block's input gradient inside the
             # backward graph.
-            wrapper = "CppWrapperCpu" if self.device_type == "cpu" else "CppWrapperGpu"
-            self.assertEqual(report["classes"], [wrapper, wrapper])
-            for ops in report["collective_ops_by_graph"]:
-                self.assertEqual(ops, ["_c10d_functional.all_reduce_.default", WAIT])
+            communicating = [ops for ops in report["collective_ops_by_graph"] if ops]
+            self.assertEqual(
+                communicating, [["_c10d_functional.all_reduce_.default", WAIT]] * 2
+            )
+            for blocker in report["cuda_graph_blockers"]:
+                self.assertIn("collectives", blocker)
 
     def test_ddp(self) -> None:
         for report in self.run_ranks(scenario_ddp):
@@ -525,7 +527,8 @@ class TestParallelTraining(DistributedTestCase):
             self.assertTrue(report["compiled_ddp"]["ours"])
 
     def test_fsdp2_compiled_model(self) -> None:
-        self.run_ranks(scenario_fsdp2)
+        for report in self.run_ranks(scenario_fsdp2):
+            self.assertGreaterEqual(len(report["classes"]), 2)  # forward, backward
 
 
 def _two_gpus() -> bool:

@@ -110,3 +110,14 @@ def inductor_cache_dir() -> str:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     return cache_dir()
+
+
+@functools.cache
+def object_input_types() -> tuple[type, ...]:
+    """Inductor's IR classes for graph inputs that are Python objects rather
+    than tensors (script objects; opaque values such as a process group, which
+    only newer releases name apart)."""
+    from torch._inductor import ir
+
+    names = ("TorchBindObject", "OpaqueObjectState")
+    return tuple(getattr(ir, name) for name in names if hasattr(ir, name))

@@ -7,9 +7,12 @@
 #
 #   PYTHONUNBUFFERED=1 bash scripts/gpu/run_all.sh 2>&1 | tee $OUT/log
 #
-# Knobs: STEPS (default "tests bench"; add "profile"), TEST_TIMEOUT,
-# TEST_WORKERS, PROFILE_TIMEOUT, PROFILE_ARGS, BENCH_TIMEOUT, BENCH_ARGS
-# (passed to the bench, e.g. --workloads seed --quick).
+# Knobs: STEPS (default "tests bench"; add "profile"; "dist-tests" and
+# "dist-bench" need two GPUs: tests/test_distributed.py on NCCL and
+# benchmarks/bench_tp.py), TEST_TIMEOUT, TEST_WORKERS, PROFILE_TIMEOUT,
+# PROFILE_ARGS, BENCH_TIMEOUT, BENCH_ARGS (passed to the bench, e.g.
+# --workloads seed --quick), DIST_TEST_TIMEOUT, DIST_BENCH_TIMEOUT,
+# DIST_BENCH_ARGS (passed to bench_tp.py, e.g. --blocks 4).
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/cppwrap_gpu_out}
@@ -69,4 +72,20 @@ if has_step bench; then
     timeout "${BENCH_TIMEOUT:-400}" $PYTHON -m torch_cppwrap bench --device cuda \
         --out "$OUT/bench" --rounds 1 ${BENCH_ARGS:-}
     echo "benchmark exit status: $?"
+fi
+
+# NVLink multicast (NVLS) stays off for NCCL on this machine.
+if has_step dist-tests; then
+    echo "== tests/test_distributed.py on two GPUs (NCCL)"
+    NCCL_NVLS_ENABLE=0 timeout "${DIST_TEST_TIMEOUT:-500}" $PYTHON -X faulthandler -m pytest \
+        tests/test_distributed.py -v -rfEs --tb=short -p no:cacheprovider -k Cuda \
+        2>&1 | tee "$OUT/pytest_distributed.log"
+    echo "distributed tests exit status: $?"
+fi
+
+if has_step dist-bench; then
+    echo "== tensor-parallel MLP benchmark (benchmarks/bench_tp.py, two GPUs)"
+    NCCL_NVLS_ENABLE=0 timeout "${DIST_BENCH_TIMEOUT:-500}" $PYTHON benchmarks/bench_tp.py \
+        --out "$OUT/bench_tp.json" ${DIST_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench_tp.log"
+    echo "tp benchmark exit status: $?"
 fi

@@ -49,7 +49,19 @@ def _list_push(wrapper: CppWrapperCpu, values: list[Any], element: Any) -> str:
     )
 
 
+# What an `Any` argument holds, by the Python type of its value (a
+# collective's `Any group_name` holds the group's name, a str).
+_ANY_VALUE_TYPE: dict[type, Any] = {
+    str: torch.StringType.get(),
+    bool: torch.BoolType.get(),
+    int: torch.IntType.get(),
+    float: torch.FloatType.get(),
+}
+
+
 def push_argument(wrapper: CppWrapperCpu, val: Any, type_: Any) -> str:
+    if isinstance(type_, torch.AnyType) and type(val) in _ANY_VALUE_TYPE:
+        type_ = _ANY_VALUE_TYPE[type(val)]
     if isinstance(type_, torch.OptionalType):
         if val is None:
             return ".none()"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import sympy
 import torch
@@ -70,11 +70,18 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.boxed_call_ids = itertools.count()
         self.output_lines: list[str] = []
         self.output_kinds: list[str] = []
+        self.output_objects: dict[int, str] = {}  # output index -> object input
         # Names of nodes that exist only to group a fallback's outputs; they
         # never hold a tensor, so freeing them is a no-op.
         self.virtual_buffers: OrderedSet[str] = OrderedSet()
         # Graph inputs held as cppwrap::Input (maybe borrowed from the caller).
         self.input_tensors: OrderedSet[str] = OrderedSet()
+        # Graph inputs that are Python objects passed through (PyObject*).
+        self.input_objects: OrderedSet[str] = OrderedSet()
+        # The collectives this graph issues and waits for, in program order
+        # (op names): a fact for whoever must know that the graph
+        # communicates, e.g. the CUDA wrapper's CUDA-graph replay.
+        self.collective_ops: list[str] = []
         super().__init__()
         self.declare = "auto "
         self.declare_maybe_reference = "auto& "
@@ -176,13 +183,17 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 fn = "unpack_input"
                 self.input_tensors.add(name)
                 self.entry.writeline(f"cppwrap::Input {name};")
+            elif isinstance(value, _compat.object_input_types()):
+                fn = "unpack_object"
+                self.input_objects.add(name)
+                self.entry.writeline(f"PyObject* {name} = nullptr;")
             else:
                 raise NotImplementedError(
                     f"torch_cppwrap: graph input {name} of kind "
                     f"{type(value).__name__} is not supported by the C++ wrapper"
                 )
             self.declared.add(name)
-            held = ", held" if fn == "unpack_input" else ""
+            held = ", held" if fn in ("unpack_input", "unpack_object") else ""
             unpacks.append(
                 f"!cppwrap::{fn}(args, {index}, {name}, {spell.string_literal(name)}{held})"
             )
@@ -426,10 +437,11 @@ class CppWrapperCpu(PythonWrapperCodegen):
         return self.make_free_by_names([buffer.get_name()])
 
     def make_free_by_names(self, names_to_del: list[str]) -> str:
+        # An object input is let go when call_impl returns, with the GIL.
         return " ".join(
             f"{name}.reset();"
             for name in names_to_del
-            if name not in self.virtual_buffers
+            if name not in self.virtual_buffers and name not in self.input_objects
         )
 
     def codegen_exact_buffer_reuse(
@@ -712,7 +724,43 @@ class CppWrapperCpu(PythonWrapperCodegen):
             raise NotImplementedError(
                 f"torch_cppwrap: {python_kernel_name} is not supported by the C++ wrapper"
             )
+        if _is_collective(op_overload):
+            self.generate_collective(buf_name, op_overload, raw_args, outputs)
+            return
         self._generate_boxed_call(buf_name, op_overload, raw_args, outputs)
+
+    def generate_extern_kernel_alloc(self, node: ir.ExternKernelAlloc) -> None:
+        # all_reduce_ and wait_tensor come here (their IR nodes name a C shim);
+        # they go through the dispatcher like every other collective.
+        op = getattr(node, "op_overload", None)
+        if not _is_collective(op):
+            super().generate_extern_kernel_alloc(node)
+            return
+        assert isinstance(node, ir.FallbackKernel)
+        node.codegen_comment(self)
+        self.generate_collective(
+            node.get_name(),
+            op,
+            node.export_extern_kernel_node(),
+            node.outputs or node.mutation_outputs,
+        )
+
+    def generate_collective(
+        self,
+        buf_name: str,
+        op: torch._ops.OpOverload,
+        raw_args: Sequence[Any],
+        outputs: Any,
+    ) -> None:
+        """Issues a collective, or waits for one (wait_tensor), through the
+        dispatcher, as the Python wrapper does, and where Inductor placed it:
+        the kernels between a collective and its wait run while it
+        communicates.  The call skips the ops' autograd kernels, written in
+        Python (the graph is past autograd), so it needs no GIL, and the body
+        runs with the GIL released: a wait never holds it (a process group
+        written in Python takes it when it must)."""
+        self.collective_ops.append(str(op))
+        self._generate_boxed_call(buf_name, op, raw_args, outputs, below_autograd=True)
 
     def generate_scatter_fallback(self, node: Any) -> None:
         op = node.op_overload
@@ -759,20 +807,29 @@ class CppWrapperCpu(PythonWrapperCodegen):
         op: torch._ops.OpOverload,
         raw_args: Sequence[Any],
         outputs: Any,
+        *,
+        below_autograd: bool = False,
     ) -> None:
         """A call through the dispatcher: arguments pushed by schema type,
         results read back into the output buffers."""
         from torch_cppwrap._inductor.codegen.boxed_args import push_argument
 
         handle = self._op_handle(op)
-        self.virtual_buffers.add(buf_name)
+        # The node groups its outputs, unless it is its own one output (as an
+        # out-of-place collective is).
+        if not any(
+            isinstance(out, ir.Buffer) and out.get_name() == buf_name
+            for out in _flatten(outputs)
+        ):
+            self.virtual_buffers.add(buf_name)
         call = f"{buf_name}_call"
         self.writeline(f"cppwrap::BoxedCall {call}({handle}());")
         pushes = [
             push_argument(self, value, arg.real_type)
             for arg, value in zip(op._schema.arguments, raw_args, strict=True)
         ]
-        self.writeline(f"{call}{''.join(pushes)}.run();")
+        run = "run_below_autograd" if below_autograd else "run"
+        self.writeline(f"{call}{''.join(pushes)}.{run}();")
         if op._schema.returns:
             self._read_results(call, op, outputs)
         self.writeline(f"{call}.finish();")
@@ -1049,6 +1106,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
             if isinstance(node, ir.NoneAsConstantBuffer) or ref == "nullptr":
                 self.output_kinds.append("none")
                 continue
+            if ref in self.input_objects:
+                self.output_kinds.append("object")
+                self.output_objects[index] = ref
+                continue
             if isinstance(node, ir.ShapeAsConstantBuffer):
                 expr = node.expr if hasattr(node, "expr") else node.shape
                 kind = "int" if getattr(expr, "is_integer", True) else "float"
@@ -1069,11 +1130,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
     def generate_before_suffix(self, result: IndentedBuffer) -> None:
         items = []
         for index, kind in enumerate(self.output_kinds):
-            items.append(
-                "cppwrap::output_none()"
-                if kind == "none"
-                else f"cppwrap::output(out{index})"
-            )
+            if kind == "none":
+                items.append("cppwrap::output_none()")
+            elif kind == "object":
+                items.append(f"cppwrap::output_object({self.output_objects[index]})")
+            else:
+                items.append(f"cppwrap::output(out{index})")
         n = len(items)
         packed = ", ".join(items)
         if self.body_opening():
@@ -1163,6 +1225,19 @@ class _MultiOutputCheck(WrapperLine):
         raise NotImplementedError(
             f"torch_cppwrap: output {name} of {parent} was not produced by its kernel call"
         )
+
+
+# Namespaces of the ops that communicate: functional collectives and their
+# wait_tensor, DTensor's all-to-all, symmetric-memory collectives.
+COLLECTIVE_NAMESPACES = frozenset(
+    {"_c10d_functional", "_c10d_functional_autograd", "_dtensor", "symm_mem"}
+)
+
+
+def _is_collective(op: Any) -> TypeGuard[torch._ops.OpOverload]:
+    return (
+        isinstance(op, torch._ops.OpOverload) and op.namespace in COLLECTIVE_NAMESPACES
+    )
 
 
 def _op_from_python_name(name: str) -> torch._ops.OpOverload:

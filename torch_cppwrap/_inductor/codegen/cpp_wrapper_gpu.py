@@ -384,6 +384,10 @@ class CppWrapperGpu(CppWrapperCpu):
         it can.  Asked once the body is generated."""
         if config.triton.cudagraphs:
             return "Inductor's own CUDA graphs (mode='reduce-overhead') wrap it"
+        if self.collective_ops:
+            # A collective is issued and waited for on the host (c10d's work
+            # registry), and every rank must take part; a replay would skip both.
+            return f"the graph runs collectives ({self.collective_ops[0]})"
         if not self.output_kinds or any(k != "tensor" for k in self.output_kinds):
             return "an output is not a tensor"
         if V.graph.device_types - {"cuda"}:
@@ -391,7 +395,7 @@ class CppWrapperGpu(CppWrapperCpu):
         inputs = self.get_graph_inputs()
         for name in self.get_graph_input_names():
             value = inputs[name]
-            if not isinstance(value, ir.IRNode):
+            if not isinstance(value, ir.IRNode) or name in self.input_objects:
                 return f"input {name} is not a tensor"
             device = value.get_device()
             if device is None or device.type != "cuda":

@@ -15,7 +15,7 @@
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
-#define CPPWRAP_API_VERSION 5
+#define CPPWRAP_API_VERSION 6
 #define CPPWRAP_API_CAPSULE "torch_cppwrap._C._api"
 
 #ifdef __cplusplus
@@ -103,6 +103,11 @@ typedef struct CppwrapApi {
   void (*push_tensor_list)(
       void* stack, const void* const* slots, int64_t n, int32_t optional);
   int (*call_boxed)(void* op, void* stack);
+  // call_boxed with the autograd keys excluded, for ops of a graph that
+  // AOTAutograd has already differentiated: an autograd kernel written in
+  // Python (every functional collective has one) is skipped, so the call
+  // neither takes the GIL nor runs Python.
+  int (*call_boxed_below_autograd)(void* op, void* stack);
   // Results of the last call_boxed, by return position (and list position).
   int (*result_tensor)(void* stack, int64_t i, int64_t j, void* dst);
   int (*result_int)(void* stack, int64_t i, int64_t* out);

@@ -454,6 +454,13 @@ class BoxedCall {
     }
     return *this;
   }
+  // Runs the op's kernels below autograd (see call_boxed_below_autograd).
+  BoxedCall& run_below_autograd() {
+    if (api->call_boxed_below_autograd(op_, stack_) != 0) {
+      throw_runtime_failure(api->last_error());
+    }
+    return *this;
+  }
 
   // Result `i` (element `j` of it, if it is a list).
   Tensor tensor_result(int64_t i, int64_t j = -1) {
@@ -562,6 +569,17 @@ inline bool unpack_input(
   return api->unpack(obj, dst.slot(), name) == 0;
 }
 
+// A Python object the graph only passes through (a process group that
+// DTensor hands to the graph, an opaque value): `held` keeps it alive until
+// call_impl returns, with the GIL.
+template <size_t N>
+inline bool unpack_object(
+    PyObject* args, Py_ssize_t i, PyObject*& dst, const char* /*name*/, HeldInputs<N>& held) {
+  dst = PyList_GET_ITEM(args, i);
+  held.hold(static_cast<size_t>(i), dst);
+  return true;
+}
+
 inline bool unpack_int(PyObject* args, Py_ssize_t i, int64_t& dst, const char* name) {
   PyObject* obj = PyList_GET_ITEM(args, i);
   dst = PyLong_AsLongLong(obj);
@@ -655,6 +673,12 @@ inline PyObject* output(bool v) {
 
 inline PyObject* output_none() {
   Py_RETURN_NONE;
+}
+
+// A passed-through object input as an output (a new reference).
+inline PyObject* output_object(PyObject* obj) {
+  Py_INCREF(obj);
+  return obj;
 }
 
 // Resolves the graph's constants (parameters, buffers, lifted tensors) by

@@ -14,6 +14,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -494,6 +495,11 @@ int call_boxed(void* op, void* s) {
   }
 }
 
+int call_boxed_below_autograd(void* op, void* s) {
+  c10::impl::ExcludeDispatchKeyGuard no_autograd(c10::autograd_dispatch_keyset);
+  return call_boxed(op, s);
+}
+
 int result_tensor(void* s, int64_t i, int64_t j, void* dst) {
   return guarded([&] {
     const c10::IValue& value = stack_at(s).at(i);
@@ -605,6 +611,7 @@ const CppwrapApi api_table = {
     push_bool_list,
     push_tensor_list,
     call_boxed,
+    call_boxed_below_autograd,
     result_tensor,
     result_int,
     result_double,

@@ -41,6 +41,23 @@ class TestUpstreamParity(CppWrapperTestCase):
             any("cppwrap::scalar_to_tensor(int64_t(s" in s for s in sources)
         )
 
+    def test_symbolic_scalar_among_extern_kernel_arguments(self) -> None:
+        # OpInfo's first baddbmm sample with dynamic shapes: Inductor passes a
+        # sympy expression among the out-variant's spelled arguments.
+        # (Upstream's C++ wrapper fails on this graph.)
+        def fn(a, b, c, beta, alpha):
+            return torch.baddbmm(a, b, c, beta=beta, alpha=alpha)
+
+        args = (
+            torch.randn(5, 5, 10),
+            torch.randn(5, 5, 5),
+            torch.randn(5, 5, 10),
+            1,
+            1,
+        )
+        (source,) = self.check(fn, args, dynamic=True, atol=1e-5, rtol=1e-5)
+        self.assertIn("aoti_torch_cpu_baddbmm_out(", source)
+
     @config.patch(fallback_random=True)
     def test_inplace_bernoulli_fallback(self) -> None:
         def fn(a):

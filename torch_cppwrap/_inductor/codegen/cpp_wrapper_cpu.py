@@ -615,6 +615,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
     ) -> None:
         if not shim_function_exists(kernel):
             raise NotImplementedError(f"torch_cppwrap: no C shim function {kernel}")
+        # Inductor leaves a symbolic scalar (baddbmm's alpha with dynamic
+        # shapes) as a sympy expression among the spelled arguments.
+        args = [a if isinstance(a, str) else self.val_to_arg_str(a) for a in args]
         out_arg = f"{out}.get()"
         if out_view:
             view_name = f"{out}_as_strided"

@@ -337,7 +337,9 @@ class Mlp(torch.nn.Module):
 def _train(
     model: torch.nn.Module, inputs: list[torch.Tensor], lr: float = 0.05
 ) -> list[torch.Tensor]:
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    # One tensor at a time: on CUDA, torch 2.11's foreach step meets a
+    # replicated DTensor's grad as a plain tensor (eager fails too).
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, foreach=False)
     losses = []
     for x in inputs:
         loss = model(x).pow(2).mean()

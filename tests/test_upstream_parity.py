@@ -58,6 +58,38 @@ class TestUpstreamParity(CppWrapperTestCase):
         (source,) = self.check(fn, args, dynamic=True, atol=1e-5, rtol=1e-5)
         self.assertIn("aoti_torch_cpu_baddbmm_out(", source)
 
+    @torch._dynamo.config.patch(
+        capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True
+    )
+    def test_unbacked_symbols(self) -> None:
+        # A data-dependent size (nonzero) binds u0 from the op's output; an
+        # .item() binds it from a 0-d tensor.
+        def from_shape(x):
+            n = x.nonzero()
+            return n.sum(), n.shape[0] * 2
+
+        def from_item(x, y):
+            u = y.item()
+            torch._check_is_size(u)
+            return torch.cat([x, x[:u]])
+
+        (source,) = self.check(from_shape, (torch.tensor([0.0, 1, 0, 3, 4]),))
+        self.assertIn("int64_t u0 = buf1.size(0);", source)
+        (source,) = self.check(from_item, (torch.randn(6), torch.tensor(3)))
+        self.assertRegex(source, r"int64_t u\d+ = cppwrap::item_long\(arg\d+_1\);")
+
+    def test_complex_numbers_as_arguments(self) -> None:
+        # A complex number for a Tensor argument becomes a 0-d complex tensor;
+        # for a Scalar argument, which the C shim spells double, the op runs
+        # through the dispatcher.
+        x = torch.randn(4, dtype=torch.complex64)
+        sources = self.check(lambda x: x * (2.0 + 1.0j), (x,))
+        self.assertIn("cppwrap::scalar_to_tensor_complex(2.0, 1.0)", sources[0])
+        (source,) = self.check(
+            lambda: torch.full([2], 2.5 + 1.0j, dtype=torch.complex64) * 2, ()
+        )
+        self.assertIn(".complex(5.0, 2.0)", source)  # folded: (2.5 + 1j) * 2
+
     @config.patch(fallback_random=True)
     def test_inplace_bernoulli_fallback(self) -> None:
         def fn(a):

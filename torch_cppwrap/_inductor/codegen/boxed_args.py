@@ -83,6 +83,9 @@ def push_argument(wrapper: CppWrapperCpu, val: Any, type_: Any) -> str:
     if isinstance(type_, torch.FloatType):
         return f".real({shim_args.scalar(wrapper, float(val) if isinstance(val, int) else val)})"
     if isinstance(type_, torch.NumberType):
+        if isinstance(val, complex):
+            real, imag = spell.float_literal(val.real), spell.float_literal(val.imag)
+            return f".complex({real}, {imag})"
         if isinstance(val, float):
             return f".real({shim_args.scalar(wrapper, val)})"
         return f".integer({shim_args.scalar(wrapper, val)})"

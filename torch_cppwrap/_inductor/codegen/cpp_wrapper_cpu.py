@@ -684,7 +684,13 @@ class CppWrapperCpu(PythonWrapperCodegen):
         device = d.type if (d := node.get_device()) else self.device
         if isinstance(op, torch._ops.OpOverload):
             shim_fn = _compat.c_shim_function_name(op, device)
-            if shim_fn is None or not shim_function_exists(shim_fn):
+            # Inductor asks for runtime dispatch where the shim cannot take an
+            # argument (a complex number for a Scalar, which it spells double).
+            if (
+                shim_fn is None
+                or not shim_function_exists(shim_fn)
+                or getattr(node, "use_runtime_dispatch", False)
+            ):
                 # Not in the shim for this device: go through the dispatcher.
                 self._generate_boxed_call(
                     node.get_name(),
@@ -1070,6 +1076,37 @@ class CppWrapperCpu(PythonWrapperCodegen):
             f"cppwrap::assert_size_stride({name}, {size}, {stride}, "
             f"{spell.string_literal(op_name or name)}{dtype_arg});"
         )
+
+    def _codegen_dynamic_scalar(self, node: Any) -> None:
+        """An unbacked symbol read from a 0-d tensor (`.item()`, `.tolist()`)."""
+        from torch.fx.experimental.symbolic_shapes import ConvertIntKey, DivideByKey
+
+        (data,) = (t.codegen_reference() for t in node.inputs)
+        sym = str(node.sym)
+        self.unbacked_symbol_decls.add(sym)
+        self.virtual_buffers.add(node.get_name())
+        keypath = tuple(node.keypath)
+        if not keypath:
+            if node.inputs[0].get_dtype().is_floating_point:
+                self.writeline(f"double {sym} = cppwrap::item_double({data});")
+            else:
+                self.writeline(f"int64_t {sym} = cppwrap::item_long({data});")
+        elif len(keypath) == 1 and isinstance(keypath[0], ConvertIntKey):
+            self.writeline(f"int64_t {sym} = cppwrap::item_long({data}) != 0 ? 1 : 0;")
+        elif len(keypath) == 1 and isinstance(keypath[0], DivideByKey):
+            divisor = spell.int_literal(keypath[0].divisor)
+            undivided = f"{sym}_undivided"
+            self.writeline(f"int64_t {undivided} = cppwrap::item_long({data});")
+            message = spell.string_literal(f" is not divisible by {keypath[0].divisor}")
+            self.writeline(
+                f"if ({undivided} % {divisor} != 0) {{ throw cppwrap::Error("
+                f"std::to_string({undivided}) + {message}); }}"
+            )
+            self.writeline(f"int64_t {sym} = {undivided} / {divisor};")
+        else:
+            raise NotImplementedError(
+                f"torch_cppwrap: unbacked symbol {sym} from key path {keypath}"
+            )
 
     def codegen_unbacked_symbol_decl(self, symbol: sympy.Symbol) -> str:
         name = str(symbol)

@@ -35,12 +35,15 @@ def tensor_ref(val: Any) -> str:
 def is_scalar_value(val: Any) -> bool:
     """A number (Python or symbolic) standing where the schema has a Tensor."""
     return isinstance(
-        val, (bool, int, float, sympy.Expr, torch.SymInt, torch.SymFloat)
+        val, (bool, int, float, complex, sympy.Expr, torch.SymInt, torch.SymFloat)
     ) and not isinstance(val, ir.IRNode)
 
 
 def scalar_tensor(wrapper: CppWrapperCpu, val: Any) -> str:
     """A 0-d tensor holding a number passed for a Tensor argument."""
+    if isinstance(val, complex):
+        real, imag = spell.float_literal(val.real), spell.float_literal(val.imag)
+        return f"cppwrap::scalar_to_tensor_complex({real}, {imag})"
     if isinstance(val, (torch.SymInt, torch.SymFloat)):
         val = val.node.expr
     floating = isinstance(val, float) or (

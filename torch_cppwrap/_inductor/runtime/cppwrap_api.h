@@ -15,7 +15,7 @@
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
-#define CPPWRAP_API_VERSION 6
+#define CPPWRAP_API_VERSION 7
 #define CPPWRAP_API_CAPSULE "torch_cppwrap._C._api"
 
 #ifdef __cplusplus
@@ -138,6 +138,11 @@ typedef struct CppwrapApi {
   // The message the C shim recorded for its last failure on this thread, or
   // null where this torch records none.
   const char* (*shim_error)(void);
+
+  // --- Complex numbers (a Scalar argument, or a Tensor one given a
+  // number): the C shim has no type for them. ---
+  int (*scalar_to_tensor_complex)(double real, double imag, void* dst);
+  void (*push_complex)(void* stack, double real, double imag);
 } CppwrapApi;
 
 #ifdef __cplusplus

@@ -133,6 +133,14 @@ class Tensor {
   const int64_t* strides() const {
     return api->strides(slot());
   }
+  // One dimension's size or stride, as Inductor's lines binding an unbacked
+  // symbol to an op's output ask for it (`int64_t u0 = buf1.size(0);`).
+  int64_t size(int64_t dim) const {
+    return sizes()[dim];
+  }
+  int64_t stride(int64_t dim) const {
+    return strides()[dim];
+  }
 
  private:
   void* impl_ = nullptr;
@@ -275,6 +283,14 @@ inline Tensor scalar_to_tensor(int64_t value) {
   return t;
 }
 
+inline Tensor scalar_to_tensor_complex(double real, double imag) {
+  Tensor t;
+  if (api->scalar_to_tensor_complex(real, imag, t.slot()) != 0) {
+    fail_runtime("scalar_to_tensor");
+  }
+  return t;
+}
+
 inline Tensor scalar_to_tensor(double value) {
   Tensor t;
   if (api->scalar_to_tensor_double(value, t.slot()) != 0) {
@@ -395,6 +411,10 @@ class BoxedCall {
   }
   BoxedCall& real(double v) {
     api->push_double(stack_, v);
+    return *this;
+  }
+  BoxedCall& complex(double real, double imag) {
+    api->push_complex(stack_, real, imag);
     return *this;
   }
   BoxedCall& boolean(bool v) {

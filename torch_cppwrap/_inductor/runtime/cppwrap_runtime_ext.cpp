@@ -357,6 +357,13 @@ int scalar_to_tensor_double(double value, void* dst) {
   return guarded([&] { new (dst) at::Tensor(at::scalar_tensor(value, at::kDouble)); });
 }
 
+int scalar_to_tensor_complex(double real, double imag, void* dst) {
+  return guarded([&] {
+    new (dst) at::Tensor(
+        at::scalar_tensor(c10::complex<double>(real, imag), at::kComplexDouble));
+  });
+}
+
 int item_long(const void* slot, int64_t* out) {
   return guarded([&] { *out = tensor_at(slot).item<int64_t>(); });
 }
@@ -432,6 +439,9 @@ void push_int(void* s, int64_t v) {
 }
 void push_double(void* s, double v) {
   stack_at(s).emplace_back(v);
+}
+void push_complex(void* s, double real, double imag) {
+  stack_at(s).emplace_back(c10::complex<double>(real, imag));
 }
 void push_bool(void* s, int32_t v) {
   stack_at(s).emplace_back(static_cast<bool>(v));
@@ -622,6 +632,8 @@ const CppwrapApi api_table = {
     take_exception,
     raise_exception,
     shim_error,
+    scalar_to_tensor_complex,
+    push_complex,
 };
 
 PyModuleDef module_def = {

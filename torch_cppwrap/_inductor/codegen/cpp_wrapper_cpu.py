@@ -1094,7 +1094,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         elif len(keypath) == 1 and isinstance(keypath[0], ConvertIntKey):
             self.writeline(f"int64_t {sym} = cppwrap::item_long({data}) != 0 ? 1 : 0;")
         elif len(keypath) == 1 and isinstance(keypath[0], DivideByKey):
-            divisor = spell.int_literal(keypath[0].divisor)
+            divisor = spell.int_literal(int(keypath[0].divisor))
             undivided = f"{sym}_undivided"
             self.writeline(f"int64_t {undivided} = cppwrap::item_long({data});")
             message = spell.string_literal(f" is not divisible by {keypath[0].divisor}")

@@ -7,6 +7,7 @@ file, in a temporary directory, through both modes.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import tempfile
 import textwrap
@@ -240,6 +241,24 @@ class TestRuns(TestCase):
             self.assertEqual(run.returncode, 5)
             self.assertEqual(run.results, {})
             self.assertIn("5 (no tests collected)", conformance._mode_row(run))
+
+    def test_strict_reaches_only_our_runs_and_is_never_inherited(self) -> None:
+        import dataclasses
+        from unittest import mock
+
+        with (
+            tempfile.TemporaryDirectory() as name,
+            mock.patch.dict(os.environ, {"TORCH_CPPWRAP_STRICT": "1"}),
+        ):
+            tmp = Path(name)
+            default = self.options(tmp)
+            strict = dataclasses.replace(default, strict=True)
+            spec = conformance.FileSpec()
+            env = conformance.pytest_env("ours", spec, default, tmp)
+            self.assertEqual(env["TORCH_CPPWRAP_STRICT"], "0")
+            env = conformance.pytest_env("ours", spec, strict, tmp)
+            self.assertEqual(env["TORCH_CPPWRAP_STRICT"], "1")
+            self.assertEqual(env["CONFORMANCE_IMPORT_CPPWRAP"], "1")
 
     def test_run_time_limit(self) -> None:
         with tempfile.TemporaryDirectory() as name:

@@ -130,6 +130,8 @@ class Options:
     test_timeout: int
     run_timeout: float
     python: str
+    # Our wrapper raises instead of falling back to the Python wrapper.
+    strict: bool = False
 
 
 # -- JUnit XML ---------------------------------------------------------------
@@ -338,6 +340,9 @@ def pytest_env(
     env["TRITON_CACHE_DIR"] = str(run_dir / "cache" / "triton")
     env["TORCH_CPPWRAP_CACHE_DIR"] = str(options.cppwrap_cache_dir)
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the test directory
+    # Default: what users get (a graph ours cannot handle falls back to the
+    # Python wrapper); --strict: what our generator handles on its own.
+    env["TORCH_CPPWRAP_STRICT"] = "1" if options.strict else "0"
     return env
 
 
@@ -453,6 +458,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--python", default=sys.executable, help="interpreter the tests run with"
     )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="our wrapper raises where it would fall back to the Python wrapper",
+    )
     return parser.parse_args(argv)
 
 
@@ -485,6 +495,7 @@ def make_options(args: argparse.Namespace) -> Options:
         test_timeout=args.test_timeout,
         run_timeout=args.run_timeout,
         python=args.python,
+        strict=args.strict,
     )
 
 
@@ -501,6 +512,10 @@ def report_header(options: Options) -> list[str]:
         f"- -k: `{options.keyword}`" if options.keyword else "- -k: (all)",
         f"- pytest workers per run: {options.jobs}; "
         f"per-test limit {options.test_timeout}s",
+        "- ours: strict (no fallback to the Python wrapper)"
+        if options.strict
+        else "- ours: default settings (a graph ours cannot handle falls back "
+        "to the Python wrapper)",
     ]
 
 

@@ -183,6 +183,20 @@ def graph_cache_dir() -> Path:
     return path
 
 
+def loaded_library(stem: str) -> list[str]:
+    """[path] of the shared library this process loaded whose file name
+    starts with `stem`, or [] where that cannot be told (not Linux, or none)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(maxsplit=5)[-1]
+                if os.path.basename(path).startswith(stem) and os.path.isfile(path):
+                    return [path]
+    except OSError:
+        pass
+    return []
+
+
 def _run(cmd: Sequence[str], source_path: str, cwd: str) -> None:
     proc = subprocess.run(
         list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
@@ -336,15 +350,29 @@ class _Toolchain:
     def link(self, objects: list[str], output: str) -> list[str]:
         from torch._inductor.cpu_vec_isa import invalid_vec_isa
 
-        return self._command(objects, output, vec_isa=invalid_vec_isa)
+        return self._command(
+            [*objects, *self.shared_libstdcxx], output, vec_isa=invalid_vec_isa
+        )
 
     def runtime_extension(self, source: str, output: str) -> list[str]:
         from torch._inductor.cpu_vec_isa import invalid_vec_isa
 
         cmd = self._command(
-            [source], output, vec_isa=invalid_vec_isa, include_pytorch=True
+            [source, *self.shared_libstdcxx],
+            output,
+            vec_isa=invalid_vec_isa,
+            include_pytorch=True,
         )
         return [*cmd, self.runtime_include]
+
+    @functools.cached_property
+    def shared_libstdcxx(self) -> list[str]:
+        """The C++ runtime libtorch uses, linked by path.  Our modules pass
+        exceptions and strings to and from libtorch, so they must share its
+        libstdc++; some toolchains (the GPU machine's g++) link a static copy
+        by default, whose iostreams and exception_ptr crash or misbehave
+        beside libtorch's."""
+        return loaded_library("libstdc++.so")
 
 
 _toolchain_lock = threading.Lock()

@@ -1077,6 +1077,39 @@ class CppWrapperCpu(PythonWrapperCodegen):
             f"{spell.string_literal(op_name or name)}{dtype_arg});"
         )
 
+    def codegen_dynamic_select_index(self, node: Any, clamp: bool) -> None:
+        """The offset of an index chosen at run time (an unbacked symbol)."""
+        sym = str(node.unbacked_offset_symbol)
+        size = self.codegen_sizevar(sympy.sympify(node.size))
+        index = self.codegen_sizevar(sympy.sympify(node.index))
+        self.writeline(
+            f"int64_t {sym}_index = {index} < 0 ? {index} + {size} : {index};"
+        )
+        if clamp:
+            self.writeline(f"{sym}_index = cppwrap::clamp_index({sym}_index, {size});")
+        base = self.codegen_sizevar(sympy.sympify(node.base_offset))
+        stride = self.codegen_sizevar(sympy.sympify(node.base_dim_stride))
+        self.writeline(f"int64_t {sym} = {base} + {stride} * {sym}_index;")
+        self.unbacked_symbol_decls.add(sym)
+
+    def codegen_dynamic_slice_size(self, node: Any) -> None:
+        """The length of a slice whose bounds are known only at run time."""
+        sym = str(node.unbacked_size_symbol)
+        size = self.codegen_sizevar(sympy.sympify(node.size))
+        for end, value in (("start", node.start), ("end", node.end)):
+            bound = self.codegen_sizevar(sympy.sympify(value))
+            self.writeline(
+                f"int64_t {sym}_{end} = cppwrap::clamp_index("
+                f"{bound} < 0 ? {bound} + {size} : {bound}, {size});"
+            )
+        span = f"{sym}_end - {sym}_start"
+        if node.step != 1:
+            step = self.codegen_sizevar(sympy.sympify(node.step))
+            span = f"({span} + {step} - 1) / {step}"
+        # A negative span means an empty slice, however it rounds.
+        self.writeline(f"int64_t {sym} = std::max<int64_t>(0, {span});")
+        self.unbacked_symbol_decls.add(sym)
+
     def _codegen_dynamic_scalar(self, node: Any) -> None:
         """An unbacked symbol read from a 0-d tensor (`.item()`, `.tolist()`)."""
         from torch.fx.experimental.symbolic_shapes import ConvertIntKey, DivideByKey

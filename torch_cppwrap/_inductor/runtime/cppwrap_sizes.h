@@ -11,6 +11,15 @@
 #include <limits>
 #include <type_traits>
 
+namespace cppwrap {
+
+// An index into a dimension of `size` elements, held within [0, size].
+inline int64_t clamp_index(int64_t index, int64_t size) {
+  return std::max<int64_t>(0, std::min<int64_t>(size, index));
+}
+
+}  // namespace cppwrap
+
 namespace c10 {
 
 // Python's floor division on integers; 0 for a zero divisor, as c10's.

@@ -74,7 +74,7 @@ class TestUpstreamParity(CppWrapperTestCase):
             return torch.cat([x, x[:u]])
 
         (source,) = self.check(from_shape, (torch.tensor([0.0, 1, 0, 3, 4]),))
-        self.assertIn("int64_t u0 = buf1.size(0);", source)
+        self.assertRegex(source, r"int64_t u0 = buf\d+\.size\(0\);")
         (source,) = self.check(from_item, (torch.randn(6), torch.tensor(3)))
         self.assertRegex(source, r"int64_t u\d+ = cppwrap::item_long\(arg\d+_1\);")
 

@@ -22,10 +22,11 @@ import torch_cppwrap  # the import patches Inductor
 from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
-# Where the suite keeps torch_cppwrap's once-per-cache artefacts between runs
-# (conftest.py points TORCHINDUCTOR_CACHE_DIR there too): under the system's
-# temporary directory, never in the user's own caches.
-SUITE_CACHE = os.path.join(
+# Where the suite keeps torch_cppwrap's once-per-cache artefacts between runs:
+# the Inductor cache the suite was started with (conftest.py points it under
+# the system's temporary directory unless TORCHINDUCTOR_CACHE_DIR is set),
+# read before any test swaps in a fresh one.
+SUITE_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
     tempfile.gettempdir(), f"torch_cppwrap-tests-{os.getuid()}", "inductor"
 )
 

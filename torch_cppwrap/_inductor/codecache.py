@@ -127,7 +127,9 @@ def _first_use_step(action: str, why: str) -> Iterator[None]:
     """Says on stderr what a once-per-cache step does and how long it took:
     the first compile in a new environment pauses for a minute, and should
     say why.  Later runs find the result and say nothing."""
-    print(f"torch_cppwrap: {action} ({why})...", file=sys.stderr, flush=True)
+    # One write per line: these steps run side by side, in threads.
+    sys.stderr.write(f"torch_cppwrap: {action} ({why})...\n")
+    sys.stderr.flush()
     started = time.perf_counter()
     outcome = "failed after"
     try:
@@ -135,7 +137,8 @@ def _first_use_step(action: str, why: str) -> Iterator[None]:
         outcome = "done in"
     finally:
         elapsed = time.perf_counter() - started
-        print(f"torch_cppwrap: {action}: {outcome} {elapsed:.1f} s", file=sys.stderr)
+        sys.stderr.write(f"torch_cppwrap: {action}: {outcome} {elapsed:.1f} s\n")
+        sys.stderr.flush()
 
 
 def _submit(

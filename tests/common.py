@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -14,7 +19,54 @@ from torch._inductor.test_case import TestCase
 from torch._inductor.utils import run_and_get_code
 
 import torch_cppwrap  # the import patches Inductor
+from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+# Where the suite keeps torch_cppwrap's once-per-cache artefacts between runs:
+# the Inductor cache the suite was started with (conftest.py points it under
+# the system's temporary directory unless TORCHINDUCTOR_CACHE_DIR is set),
+# read before any test swaps in a fresh one.
+SUITE_CACHE = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+    tempfile.gettempdir(), f"torch_cppwrap-tests-{os.getuid()}", "inductor"
+)
+
+
+@functools.cache
+def _suite_artefacts(device_type: str) -> tuple[Path, tuple[Path, ...]]:
+    """The suite cache's runtime extension and precompiled headers for
+    `device_type`, built there the first time (a minute or two)."""
+    with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": SUITE_CACHE}):
+        tc = codecache.toolchain()
+        directories = [
+            codecache.RuntimeExtension.ensure_built().parent,
+            codecache.wrapper_runtime_pch(tc, device_type),
+        ]
+        if device_type == "cpu":
+            directories.append(codecache.kernel_prefix_pch(tc))
+        return codecache.cache_root(), tuple(d for d in directories if d)
+
+
+def seed_cache(device_type: str = "cpu", *, copies: Sequence[str] = ()) -> None:
+    """Puts the suite's runtime extension and precompiled headers into the
+    current Inductor cache, as hard links (copies for the file names listed
+    in `copies`, which a test may damage).  Upstream's TestCase gives every
+    test a fresh cache, and these depend only on torch, the compiler and its
+    flags: building them for every test would take minutes each."""
+    root, directories = _suite_artefacts(device_type)
+    into = codecache.cache_root()
+    for directory in directories:
+        for path in directory.rglob("*"):
+            destination = into / path.relative_to(root)
+            if not path.is_file() or destination.exists():
+                continue
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            if path.name in copies:
+                shutil.copy2(path, destination)
+                continue
+            try:
+                os.link(path, destination)
+            except OSError:  # another file system
+                shutil.copy2(path, destination)
 
 
 def _clone(value: Any) -> Any:
@@ -50,6 +102,7 @@ class CppWrapperTestCase(TestCase):
 
     def setUp(self) -> None:
         super().setUp()
+        seed_cache()
         torch._dynamo.reset()
         # A gap in our wrapper must fail the test, not fall back silently.
         strict = torch_cppwrap.config.patch(strict=True)

@@ -9,9 +9,10 @@ import tempfile
 # tests start.
 os.environ.setdefault("TORCH_CPPWRAP_STRICT", "1")
 
-# Nothing the tests build lands in the user's own caches: one directory under
-# the system's temporary directory, kept between runs so that the runtime
-# extension and precompiled headers are built once.
+# Nothing the tests build lands in the user's own caches: Inductor's cache,
+# which holds torch_cppwrap's, is one directory under the system's temporary
+# directory (tests.common.SUITE_CACHE), kept between runs so that the runtime
+# extension and precompiled headers are built once.  Upstream's TestCase
+# gives each test a fresh cache; tests.common.seed_cache() links them in.
 _TEST_CACHE = os.path.join(tempfile.gettempdir(), f"torch_cppwrap-tests-{os.getuid()}")
-os.environ.setdefault("TORCH_CPPWRAP_CACHE_DIR", os.path.join(_TEST_CACHE, "cppwrap"))
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_TEST_CACHE, "inductor"))

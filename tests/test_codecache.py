@@ -1,21 +1,27 @@
-"""torch_cppwrap's CppWrapperCodeCache: keys, memo, disk cache, errors."""
+"""torch_cppwrap's CppWrapperCodeCache: keys, memo, disk cache, errors, and
+where it keeps what it builds."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
 from unittest import mock
 
+from torch._inductor import config as inductor_config
+from torch._inductor.codecache import get_lock_dir
+from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._inductor.test_case import TestCase, run_tests
+from torch._inductor.utils import fresh_cache
 
-import torch_cppwrap  # noqa: F401
+from tests.common import seed_cache
 from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codecache import (
     CppWrapperCodeCache,
     CppWrapperCompileError,
-    sha256_hex,
+    GraphBuild,
 )
 
 # A minimal wrapper module: no kernels, returns its single input.
@@ -36,61 +42,24 @@ CPPWRAP_DEFINE_MODULE("test module %(tag)s")
 """
 
 
+def no_compiler(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the compiler ran")
+
+
 class TestCodeCache(TestCase):
+    """Each test has a fresh Inductor cache (upstream's TestCase), seeded with
+    the suite's runtime extension and precompiled headers."""
+
     def setUp(self) -> None:
         super().setUp()
-        self._tmp = tempfile.TemporaryDirectory()
-        self._env = mock.patch.dict(
-            os.environ, {"TORCHINDUCTOR_CACHE_DIR": self._tmp.name}
-        )
-        self._env.start()
-        CppWrapperCodeCache.cache_clear()
+        seed_cache()
 
-    def tearDown(self) -> None:
-        self._env.stop()
-        self._tmp.cleanup()
-        CppWrapperCodeCache.cache_clear()
-        super().tearDown()
+    def cppwrap_files(self, pattern: str) -> list[Path]:
+        return list((Path(cache_dir()) / "cppwrap").rglob(pattern))
 
-    def test_vec_isa_probe_is_asked_once_per_machine(self) -> None:
-        probes: list[str] = []
-
-        class FakeIsa:
-            def __init__(self, name: str) -> None:
-                self.name = name
-
-            def __str__(self) -> str:
-                return self.name
-
-            def build_arch_flags(self) -> str:
-                return f"-m{self.name}"
-
-        def check_build(isa: FakeIsa, code: str) -> bool:
-            probes.append(str(isa))
-            return str(isa) == "avx2"
-
-        remembered = codecache.remember_vec_isa_probe(check_build)
-        with (
-            tempfile.TemporaryDirectory() as cache,
-            tempfile.TemporaryDirectory() as other_inductor_cache,
-            mock.patch.dict(os.environ, {"TORCH_CPPWRAP_CACHE_DIR": cache}),
-        ):
-            answers = [
-                remembered(FakeIsa(name), "int main() {}")
-                for name in ("avx2", "avx512", "avx2", "avx512")
-            ]
-            with mock.patch.dict(
-                os.environ, {"TORCHINDUCTOR_CACHE_DIR": other_inductor_cache}
-            ):
-                self.assertTrue(remembered(FakeIsa("avx2"), "int main() {}"))
-            # Other test code is another question.
-            remembered(FakeIsa("avx2"), "int main() { return 1; }")
-        self.assertEqual(answers, [True, False, True, False])
-        self.assertEqual(probes, ["avx2", "avx512", "avx2"])
-
-    def test_sha256_parts_are_length_prefixed(self) -> None:
-        self.assertNotEqual(sha256_hex("ab", "c"), sha256_hex("a", "bc"))
-        self.assertEqual(len(sha256_hex("x")), 64)
+    def graph_modules(self) -> list[Path]:
+        modules = self.cppwrap_files("*.so")
+        return [p for p in modules if p.parent.parent.name != "runtime"]
 
     def test_build_load_memo_and_disk_hit(self) -> None:
         import torch
@@ -104,13 +73,12 @@ class TestCodeCache(TestCase):
         self.assertIs(CppWrapperCodeCache.load(source), module)
         # Disk hit: no compiler runs after the memo is cleared.
         CppWrapperCodeCache.cache_clear()
-        with mock.patch.object(codecache, "_run_parallel", side_effect=AssertionError):
+        with mock.patch.object(codecache.Build, "run", no_compiler):
             again = CppWrapperCodeCache.load(source)
         self.assertEqual(again.__file__, module.__file__)
-        so_files = list(Path(self._tmp.name, "cppwrap").rglob("*.so"))
-        self.assertEqual(len(so_files), 1)
-        # No temporary build directories or lock leftovers hold the .so.
-        self.assertFalse(list(Path(self._tmp.name, "cppwrap").rglob(".build-*")))
+        self.assertEqual(len(self.graph_modules()), 1)
+        # No temporary build directories are left behind.
+        self.assertFalse(self.cppwrap_files(".build-*"))
 
     def test_key_depends_on_source(self) -> None:
         a = CppWrapperCodeCache.load(IDENTITY_SOURCE % {"tag": "a"})
@@ -130,19 +98,19 @@ class TestCodeCache(TestCase):
         self.assertTrue(any(arg.endswith("wrapper.cpp") for arg in err.cmd))
         self.assertIn("Command:", str(err))
         # A failed build leaves no module behind.
-        self.assertFalse(list(Path(self._tmp.name, "cppwrap").rglob("*.so")))
+        self.assertFalse(self.graph_modules())
 
     def test_concurrent_loads_build_once(self) -> None:
         source = IDENTITY_SOURCE % {"tag": "threads"}
         calls = []
-        real = codecache._run_parallel
+        real = GraphBuild.build
 
         def counting(*args, **kwargs):
             calls.append(1)
             return real(*args, **kwargs)
 
         results = []
-        with mock.patch.object(codecache, "_run_parallel", counting):
+        with mock.patch.object(GraphBuild, "build", counting):
             threads = [
                 threading.Thread(
                     target=lambda: results.append(CppWrapperCodeCache.load(source))
@@ -156,28 +124,68 @@ class TestCodeCache(TestCase):
         self.assertEqual(len(results), 3)
         self.assertEqual(len(calls), 1)
 
+    @inductor_config.patch(file_lock_timeout=0.2)
     def test_lock_timeout_is_a_clear_error(self) -> None:
         from filelock import FileLock
 
-        target = Path(self._tmp.name) / "artefact.so"
-        with (
-            FileLock(str(target) + ".lock"),
-            mock.patch.object(codecache, "LOCK_TIMEOUT_S", 0.2),
-        ):
-            result: list[BaseException] = []
+        target = Path(cache_dir()) / "cppwrap" / "test" / "artefact.so"
+        lock = FileLock(os.path.join(get_lock_dir(), "cppwrap-test-key.lock"))
+        with lock, self.assertRaises(RuntimeError) as ctx:
+            codecache.ensure_built(target, "test-key", "a test artefact", no_compiler)
+        self.assertIn("timed out", str(ctx.exception))
+        self.assertIn("a test artefact", str(ctx.exception))
+        self.assertIn("file_lock_timeout", str(ctx.exception))
 
-            def build_in_thread() -> None:
-                try:
-                    codecache._build_once(target, lambda d: d / "x", "a test artefact")
-                except BaseException as e:
-                    result.append(e)
+    def test_everything_lives_under_inductors_cache_dir(self) -> None:
+        root = Path(cache_dir()) / "cppwrap"
+        module = CppWrapperCodeCache.load(IDENTITY_SOURCE % {"tag": "where"})
+        self.assertTrue(Path(module.__file__).is_relative_to(root))
+        self.assertTrue(codecache.RuntimeExtension.artefact()[1].is_relative_to(root))
+        with tempfile.TemporaryDirectory() as tmp:
+            header = Path(tmp, "tiny.h")
+            header.write_text("inline int tiny() { return 1; }\n")
+            pch_dir = codecache.precompiled_header_dir(
+                header, "tiny.h", self.tiny_header_build(), "digest"
+            )
+        if pch_dir is not None:  # gcc only
+            self.assertTrue(pch_dir.is_relative_to(root))
+            self.assertTrue((pch_dir / "tiny.h.gch").is_file())
 
-            t = threading.Thread(target=build_in_thread)
-            t.start()
-            t.join()
-        self.assertEqual(len(result), 1)
-        self.assertIn("timed out", str(result[0]))
-        self.assertIn("a test artefact", str(result[0]))
+    @staticmethod
+    def tiny_header_build() -> codecache.Build:
+        from torch._inductor import cpp_builder
+
+        return codecache.Build(
+            "header", ("tiny.h",), cpp_builder.CppOptions(precompiling=True)
+        )
+
+    def test_fresh_cache_starts_the_code_cache_afresh(self) -> None:
+        source = IDENTITY_SOURCE % {"tag": "fresh"}
+        paths = []
+        for _ in range(2):
+            with fresh_cache():
+                seed_cache()
+                paths.append(CppWrapperCodeCache.load(source).__file__)
+                self.assertTrue(paths[-1].startswith(cache_dir()))
+        self.assertNotEqual(paths[0], paths[1])
+
+    def test_a_moved_cache_keeps_its_modules(self) -> None:
+        # Keys hash content, not where the cache is: a copy of the cache
+        # under another path (with a space in it) serves the same modules.
+        source = IDENTITY_SOURCE % {"tag": "moved"}
+        kernel = "#include <torch/csrc/inductor/cpp_prefix.h>\nvoid moved_kernel() {}\n"
+        built = CppWrapperCodeCache.load(source, kernel)
+        with tempfile.TemporaryDirectory() as tmp:
+            moved = Path(tmp, "moved cache")
+            shutil.copytree(cache_dir(), moved)
+            CppWrapperCodeCache.cache_clear()
+            with (
+                mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": str(moved)}),
+                mock.patch.object(codecache.Build, "run", no_compiler),
+            ):
+                again = CppWrapperCodeCache.load(source, kernel)
+            self.assertTrue(again.__file__.startswith(str(moved)))
+        self.assertEqual(Path(again.__file__).name, Path(built.__file__).name)
 
 
 if __name__ == "__main__":

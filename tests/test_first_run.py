@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import subprocess
 import sys
 import tempfile
@@ -59,48 +58,35 @@ class TestCommandLine(TestCase):
 
 class TestFirstBuildMessages(TestCase):
     def test_first_build_says_what_it_builds_and_how_long(self) -> None:
-        from torch._inductor.cpp_builder import get_cpp_compiler
+        from torch._inductor import cpp_builder
 
         if not codecache._is_gcc():
             self.skipTest("precompiled headers are built with gcc only")
+        build = codecache.Build(
+            "header", ("tiny.h",), cpp_builder.CppOptions(precompiling=True)
+        )
+        messages = []
         with tempfile.TemporaryDirectory() as tmp:
             header = Path(tmp, "tiny.h")
             header.write_text("inline int tiny() { return 1; }\n")
-            compile_cmd = [get_cpp_compiler(), "-c", "SRC", "-o", "OUT"]
-            env = {"TORCH_CPPWRAP_CACHE_DIR": tmp, "TORCH_CPPWRAP_NO_PCH": "0"}
-            messages = []
-            with mock.patch.dict(os.environ, env), mock.patch.dict(codecache._pch_dirs):
-                for _ in range(2):
-                    codecache._pch_dirs.clear()  # as a new process would start
-                    stderr = io.StringIO()
-                    with contextlib.redirect_stderr(stderr):
-                        codecache.precompiled_header_dir(
-                            header, "tiny.h", compile_cmd, "digest"
-                        )
-                    messages.append(stderr.getvalue().splitlines())
+            for _ in range(2):
+                stderr = io.StringIO()
+                # As a new process would start: nothing checked yet.
+                with (
+                    mock.patch.object(codecache, "_intact", set()),
+                    contextlib.redirect_stderr(stderr),
+                ):
+                    codecache.precompiled_header_dir(header, "tiny.h", build, "digest")
+                messages.append(stderr.getvalue().splitlines())
         first, later = messages
         self.assertEqual(len(first), 2, first)
         self.assertRegex(
-            first[0], r"^torch_cppwrap: building the precompiled tiny.h .*\.\.\.$"
+            first[0],
+            r"^torch_cppwrap: building the precompiled tiny.h "
+            r"\(once per Inductor cache\)\.\.\.$",
         )
         self.assertRegex(first[1], r"^torch_cppwrap: building .*: done in \d+\.\d s$")
         self.assertEqual(later, [])  # built once: later runs say nothing
-
-    def test_vec_isa_probe_says_what_it_checks_once(self) -> None:
-        remembered = codecache.remember_vec_isa_probe(lambda isa, code: True)
-        with (
-            tempfile.TemporaryDirectory() as cache,
-            mock.patch.dict(os.environ, {"TORCH_CPPWRAP_CACHE_DIR": cache}),
-        ):
-            stderr = io.StringIO()
-            with contextlib.redirect_stderr(stderr):
-                remembered("avx2", "int main() {}")
-                remembered("avx2", "int main() {}")  # remembered: silent
-        lines = stderr.getvalue().splitlines()
-        self.assertEqual(len(lines), 2, lines)
-        self.assertIn("avx2", lines[0])
-        self.assertIn("once per machine", lines[0])
-        self.assertRegex(lines[1], r"done in \d+\.\d s$")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from torch._inductor.test_case import TestCase, run_tests
 from torch._inductor.utils import run_and_get_code
 
 import torch_cppwrap
+from tests.common import seed_cache
 from torch_cppwrap._inductor.codegen.cpp_wrapper_gpu import CppWrapperGpu
 from torch_cppwrap._inductor.runtime import cuda_graphs
 
@@ -61,6 +62,8 @@ class CudaWrapperTestCase(TestCase):
 
     def setUp(self) -> None:
         super().setUp()
+        seed_cache("cuda")
+        seed_cache("cpu")  # some tests compile CPU graphs too
         torch._dynamo.reset()
 
     def compile_and_run(

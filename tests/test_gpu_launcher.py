@@ -4,7 +4,6 @@ Needs no GPU: the cubin here is a stand-in file."""
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -125,16 +124,12 @@ class TestLauncherCompiles(TestCase):
                 ]
             )
             (Path(tmp) / "wrapper.cpp").write_text(source)
-            cmds = codecache.CppWrapperCodeCache._commands(
-                codecache.toolchain(), Path(tmp), False, (None, None), "cuda"
-            )
-            self.assertIn("-DUSE_CUDA", cmds.wrapper)
-            self.assertIn("-ltorch_cuda", cmds.link)
-            proc = subprocess.run(
-                cmds.wrapper, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-            )
-            self.assertEqual(proc.returncode, 0, proc.stdout.decode(errors="replace"))
-            self.assertIn(FAKE_CUBIN, (Path(tmp) / "wrapper.o").read_bytes())
+            tc = codecache.toolchain()
+            wrapper = tc.wrapper_compile("cuda", "wrapper.cpp")
+            self.assertIn("-D USE_CUDA", wrapper.command())
+            self.assertIn("-ltorch_cuda", tc.link(["wrapper.o"], "cuda").command())
+            obj = wrapper.run(Path(tmp), Path(tmp) / "wrapper.cpp")
+            self.assertIn(FAKE_CUBIN, obj.read_bytes())
 
     def test_module_replayed_as_a_cuda_graph_compiles(self) -> None:
         # The entry point CppWrapperGpu writes for a graph it may replay as one
@@ -178,13 +173,8 @@ class TestLauncherCompiles(TestCase):
         )
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "wrapper.cpp").write_text(source)
-            cmds = codecache.CppWrapperCodeCache._commands(
-                codecache.toolchain(), Path(tmp), False, (None, None), "cuda"
-            )
-            proc = subprocess.run(
-                cmds.wrapper, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-            )
-            self.assertEqual(proc.returncode, 0, proc.stdout.decode(errors="replace"))
+            wrapper = codecache.toolchain().wrapper_compile("cuda", "wrapper.cpp")
+            self.assertTrue(wrapper.run(Path(tmp), Path(tmp) / "wrapper.cpp").is_file())
 
 
 if __name__ == "__main__":

@@ -120,12 +120,9 @@ AOT_SCRIPT = textwrap.dedent(
 )
 
 
-def _cache_root() -> Path:
-    root = os.environ.get("TORCH_CPPWRAP_CACHE_DIR")
-    if root is None:
-        xdg = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
-        root = os.path.join(xdg, "torch_cppwrap")
-    return Path(root)
+# The suite's own directory under the system's temporary directory (as in
+# conftest.py): the patched torch and its Inductor cache live there.
+SUITE_DIR = Path(tempfile.gettempdir()) / f"torch_cppwrap-tests-{os.getuid()}"
 
 
 def patched_torch() -> Path:
@@ -134,17 +131,17 @@ def patched_torch() -> Path:
     ones (well under a second to build).
 
     Its path is fixed per torch version, and the tree is rebuilt only when the
-    series changes: the runtime extension and the precompiled cpp_prefix.h
-    are cached under keys that include their compile commands, which name
-    this path, so a new temporary directory per run would rebuild both
-    (about two minutes on two cores).
+    series changes: the runtime extension and the precompiled headers are
+    cached under keys that include their compile commands, which name
+    torch's include directory in this tree, so a new temporary directory per
+    run would rebuild them (about two minutes on two cores).
     """
     from filelock import FileLock
 
     digest = hashlib.sha256(str(SITE_PACKAGES).encode())
     for name in ["series", *_patches.read_series(SERIES)]:
         digest.update((SERIES / name).read_bytes())
-    parent = _cache_root() / "patched-torch"
+    parent = SUITE_DIR / "patched-torch"
     root, stamp = parent / TORCH_VERSION, parent / f"{TORCH_VERSION}.series"
     parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(parent / f"{TORCH_VERSION}.lock"), timeout=600):
@@ -254,10 +251,15 @@ class TestPatchedTorch(TestCase):
     that never imports torch_cppwrap."""
 
     def run_patched(self, script: str) -> dict[str, Any]:
-        """Runs `script` with the patched torch first on sys.path and a fresh
-        Inductor cache; returns the JSON its last line of output holds."""
+        """Runs `script` with the patched torch first on sys.path; returns the
+        JSON its last line of output holds.  Its Inductor cache is kept
+        between runs, as it holds the patched runtime extension and
+        precompiled headers, with the FX graph and AOTAutograd caches off so
+        that every graph is generated anew."""
         root = patched_torch()
-        with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache:
+        cache = SUITE_DIR / "inductor-patched"
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="patched-cwd-") as cwd:
             env = {
                 **os.environ,
                 "PYTHONPATH": os.pathsep.join(
@@ -265,12 +267,14 @@ class TestPatchedTorch(TestCase):
                 ),
                 # Leaves the installed torch's __pycache__ alone.
                 "PYTHONDONTWRITEBYTECODE": "1",
-                "TORCHINDUCTOR_CACHE_DIR": cache,
+                "TORCHINDUCTOR_CACHE_DIR": str(cache),
+                "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+                "TORCHINDUCTOR_AUTOGRAD_CACHE": "0",
             }
             env.pop("TORCH_LOGS", None)
             proc = subprocess.run(
                 [sys.executable, "-c", script],
-                cwd=cache,
+                cwd=cwd,
                 env=env,
                 capture_output=True,
                 text=True,

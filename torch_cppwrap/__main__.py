@@ -59,7 +59,7 @@ def demo(ns: argparse.Namespace) -> int:
     args = (torch.randn(128, 128), torch.randn(128, 128))
     expected = _seed_fn(*args)
 
-    progress("preparing torch_cppwrap's runtime (built once per torch version)...")
+    progress("preparing torch_cppwrap's runtime (built once per Inductor cache)...")
     _bench.prepare_torch_cppwrap()
     progress("compiling `def fn(x, y): return (x + y).sum()` with torch_cppwrap...")
     ours, ours_module, ours_s = _compile_seed(True, args)

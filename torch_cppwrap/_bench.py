@@ -36,6 +36,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 RESULT_MARKER = "TORCH_CPPWRAP_BENCH_RESULT "
 
@@ -579,17 +580,21 @@ def spawn_worker(
     }
 
 
-def prepare_torch_cppwrap() -> None:
-    """Builds torch_cppwrap's once-per-torch-version runtime now (which also
-    asks, and remembers, Inductor's vector-ISA probe), so that it is not
-    billed to the first cold compile."""
+def prepare_torch_cppwrap(cache_dir: str | None = None, device: str = "cpu") -> None:
+    """Builds torch_cppwrap's runtime extension and precompiled headers into
+    Inductor's cache `cache_dir` (default: the current one) now, so that they
+    are not billed to the first cold compile there, as upstream's precompiled
+    headers, kept in Inductor's default cache directory whatever
+    TORCHINDUCTOR_CACHE_DIR says, are not billed to its."""
     try:
         import torch_cppwrap  # noqa: F401
         from torch_cppwrap._inductor import codecache
     except ImportError as e:  # pragma: no cover - broken install
         progress(f"note: could not prepare torch_cppwrap's runtime ({e})")
         return
-    codecache.prepare_runtime()
+    env = {"TORCHINDUCTOR_CACHE_DIR": cache_dir} if cache_dir else {}
+    with mock.patch.dict(os.environ, env):
+        codecache.prepare_runtime(device)
 
 
 def _merge(
@@ -637,9 +642,6 @@ def run_bench(
     """Runs every workload in every mode: a cold compile per mode, then
     `rounds` rounds of warm compile + timing per mode.  `on_record` gets the
     report so far after each round, so an interrupted run keeps its rows."""
-    if "cppwrap" in modes:
-        progress("preparing torch_cppwrap's runtime (built once per torch version)...")
-        prepare_torch_cppwrap()
     records: list[dict[str, Any]] = []
     steps = len(workloads) * len(modes) * (1 + rounds)
     step = 0
@@ -673,6 +675,9 @@ def run_bench(
         warm: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         done = len(records)
         try:
+            if "cppwrap" in modes:
+                progress("preparing torch_cppwrap's runtime in its cache...")
+                prepare_torch_cppwrap(cache_dirs["cppwrap"], device)
             for mode in modes:
                 cold[mode] = run(workload, mode, "cold", cache_dirs[mode])
             # Timing rounds alternate the order of the modes, so that a slow
@@ -874,9 +879,10 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "- modes: " + "; ".join(f"`{k}` = {v}" for k, v in meta["modes"].items()) + ".",
         "- cold compile: the first call in a fresh process with an empty TORCHINDUCTOR_CACHE_DIR "
-        "(torch_cppwrap's once-per-machine work, its runtime extension and the vector-ISA probe "
-        "it remembers, is done beforehand; the other modes probe the ISA in every fresh cache "
-        "directory, as Inductor does); warm compile: the "
+        "(torch_cppwrap's runtime extension and precompiled headers are built into it "
+        "beforehand, as upstream keeps its precompiled headers in Inductor's default cache "
+        "directory; every mode probes the vector ISA in its fresh cache, as Inductor does); "
+        "warm compile: the "
         "same in another fresh process on that cache (FX graph cache hit).",
         f"- e2e: one call of the torch.compile'd function; `call`: the compiled Inductor module's "
         f"`call(list(args))` alone, on its `get_args()` inputs, summed over graphs. The fastest of "

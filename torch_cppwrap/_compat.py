@@ -97,15 +97,6 @@ def pick_vec_isa() -> Any:
     return pick()
 
 
-def vec_isa_class() -> Any:
-    """Inductor's VecISA base class, or None where this torch has none."""
-    try:
-        from torch._inductor.cpu_vec_isa import VecISA
-    except ImportError:  # pragma: no cover
-        return None
-    return VecISA
-
-
 def inductor_cache_dir() -> str:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 

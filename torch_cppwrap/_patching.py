@@ -31,8 +31,6 @@ from typing import Any
 
 import torch
 
-from torch_cppwrap import _compat
-
 _lock = threading.RLock()
 # (owner, attribute) -> original value; `_MISSING` if the attribute was absent.
 _originals: dict[tuple[Any, str], Any] = {}
@@ -259,20 +257,7 @@ def patch() -> None:
             node_class = getattr(ir, class_name, None)
             if node_class is not None:
                 _replace(node_class, "codegen", _routed_codegen(node_class, method))
-        _patch_vec_isa_probe()
         _patched = True
-
-
-def _patch_vec_isa_probe() -> None:
-    """Inductor's vector-ISA probe answers once per machine instead of once
-    per Inductor cache directory (see codecache.remember_vec_isa_probe)."""
-    from torch_cppwrap._inductor.codecache import remember_vec_isa_probe
-
-    vec_isa = _compat.vec_isa_class()
-    if vec_isa is None or not callable(getattr(vec_isa, "check_build", None)):
-        return
-    original = get_original(vec_isa, "check_build")
-    _replace(vec_isa, "check_build", remember_vec_isa_probe(original))
 
 
 def unpatch() -> None:

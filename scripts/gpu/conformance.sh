@@ -24,7 +24,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
-export TORCH_CPPWRAP_CACHE_DIR=${TORCH_CPPWRAP_CACHE_DIR:-/tmp/cppwrap_cache}
+# Inductor's cache holds torch_cppwrap's too (runtime extension, precompiled
+# headers); the tests link those into the fresh cache each test gets.
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor_cache_tests}
 export NCCL_NVLS_ENABLE=0
 
@@ -34,7 +35,7 @@ echo "== machine"
 nvidia-smi -L || true
 $PYTHON -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, "triton", triton.__version__, "devices:", torch.cuda.device_count())'
 nproc
-$PYTHON -c 'from torch_cppwrap._inductor.codecache import RuntimeExtension; RuntimeExtension.load()'
+$PYTHON -c 'from torch_cppwrap._inductor.codecache import prepare_runtime; prepare_runtime("cuda"); prepare_runtime("cpu")'
 
 sweep() {  # sweep NAME EXTRA_ARGS...
     local name=$1; shift

@@ -26,7 +26,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
-export TORCH_CPPWRAP_CACHE_DIR=${TORCH_CPPWRAP_CACHE_DIR:-/tmp/cppwrap_cache}
+# Inductor's cache holds torch_cppwrap's too (runtime extension, precompiled
+# headers); the tests link those into the fresh cache each test gets.
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor_cache_tests}
 # Inductor probes the host's vector ISAs by building and loading test programs
 # in a fresh `python -c "import torch ..."` each, ~20 s apiece on that machine,
@@ -41,13 +42,14 @@ $PYTHON -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__ver
 g++ --version | head -1
 nproc
 
-echo "== runtime extension (built once per torch version)"
+echo "== runtime extension and precompiled headers (built once per Inductor cache)"
 $PYTHON -c '
 import time
-from torch_cppwrap._inductor.codecache import RuntimeExtension
+from torch_cppwrap._inductor.codecache import prepare_runtime
 start = time.perf_counter()
-RuntimeExtension.load()
-print(f"runtime extension ready in {time.perf_counter() - start:.1f} s")'
+prepare_runtime("cuda")
+prepare_runtime("cpu")
+print(f"runtime extension and headers ready in {time.perf_counter() - start:.1f} s")'
 
 has_step() { [[ " ${STEPS:-tests bench} " == *" $1 "* ]]; }
 

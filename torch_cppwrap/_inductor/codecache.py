@@ -1,44 +1,73 @@
 """Building and loading the C++ that torch_cppwrap generates.
 
-Two kinds of artefact, two caches:
+Everything lives in Inductor's cache directory, under ``<cache_dir>/cppwrap``,
+so that ``TORCHINDUCTOR_CACHE_DIR`` moves it and
+``torch._inductor.utils.fresh_cache()`` starts it afresh:
 
-* The runtime extension (``runtime/cppwrap_runtime_ext.cpp``) and a
-  precompiled ``cpp_prefix.h`` depend only on torch, the compiler and its
-  flags.  They are built once per torch version into torch_cppwrap's own cache
-  (``$TORCH_CPPWRAP_CACHE_DIR``, default ``~/.cache/torch_cppwrap``).
-* Each graph's wrapper module lives in Inductor's cache directory, keyed by the
-  SHA-256 of its sources, the full compile commands and the torch version.
+* ``runtime/<key>/``: the runtime extension (``runtime/cppwrap_runtime_ext.cpp``),
+  the one translation unit compiled against libtorch's headers;
+* ``pch/<key>/``: precompiled headers, ``cppwrap_runtime.h`` for wrapper
+  translation units and Inductor's ``cpp_prefix.h`` for kernel ones;
+* ``<key[1:3]>/<key>/``: one graph's module, beside its sources.
 
-Both go through :func:`_build_once`: a per-key file lock with a timeout, a
-second look inside the lock, compilation into a private temporary directory
-and an atomic rename, so concurrent processes never see a half-written file.
+A key hashes what an artefact is made of (sources, our headers, the compile
+commands, the torch and compiler versions), never where the cache is: a
+moved cache stays valid.
+
+Every build is a ``cpp_builder.CppBuilder`` command, run by cpp_builder in a
+private build directory beside its artefact and naming its sources and
+outputs relative to that directory.  cpp_builder quotes the include
+directories it writes into a command line but not file names, so a cache
+path holding a space reaches the compiler only as an include directory.
+
+Each artefact is built under its own file lock (in Inductor's lock directory,
+waiting at most Inductor's ``file_lock_timeout``), renamed into place, and
+then recorded, size and SHA-256, in a file beside it.  It is checked against
+that record before it is used; one that fails the check is rebuilt once, with
+a warning naming it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import contextvars
+import dataclasses
 import functools
 import hashlib
 import importlib.machinery
 import importlib.util
+import json
 import logging
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
+from torch._inductor import config as inductor_config
+from torch._inductor import cpp_builder, exc
+from torch._inductor.codecache import code_hash, get_lock_dir, write_atomic
+from torch._inductor.utils import clear_on_fresh_cache
 
 from torch_cppwrap import _compat
+
+__all__ = [
+    "CppWrapperCodeCache",
+    "CppWrapperCompileError",
+    "RuntimeExtension",
+    "cache_root",
+    "prepare_runtime",
+    "write_atomic",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +79,17 @@ RUNTIME_HEADERS = (
     "cppwrap_runtime.h",
     "cppwrap_cuda.h",
 )
-
-# Extra (compile, link) flags of a wrapper module, by device: CUDA modules call
-# the aoti_torch_cuda_* shim, which lives in libtorch_cuda.
-DEVICE_FLAGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "cpu": ((), ()),
-    "cuda": (("-DUSE_CUDA",), ("-ltorch_cuda",)),
-}
+RUNTIME_SOURCE = RUNTIME_DIR / "cppwrap_runtime_ext.cpp"
 CPP_PREFIX_INCLUDE = "torch/csrc/inductor/cpp_prefix.h"
 
-# How long to wait for another process that is building the same artefact.
-LOCK_TIMEOUT_S = float(os.environ.get("TORCH_CPPWRAP_LOCK_TIMEOUT", 600))
+# What a wrapper module adds to cpp_builder's CPU options, by device: the
+# macros it is compiled with and the libraries it links.  CUDA modules call
+# the aoti_torch_cuda_* shim, which lives in libtorch_cuda; they look the CUDA
+# driver up at run time, so they need no CUDA headers or -lcuda.
+DEVICE_BUILD: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "cpu": ((), ()),
+    "cuda": (("USE_CUDA",), ("torch_cuda",)),
+}
 
 
 class CppWrapperCompileError(RuntimeError):
@@ -82,23 +111,25 @@ class CppWrapperCompileError(RuntimeError):
         return (self.__class__, (self.cmd, self.output, self.source_path))
 
 
-def sha256_hex(*parts: str | bytes) -> str:
-    digest = hashlib.sha256()
-    for part in parts:
-        data = part.encode() if isinstance(part, str) else part
-        # Length-prefix every part so ("ab", "c") and ("a", "bc") differ.
-        digest.update(len(data).to_bytes(8, "little"))
-        digest.update(data)
-    return digest.hexdigest()
+def cache_root() -> Path:
+    """torch_cppwrap's part of Inductor's cache directory."""
+    return Path(_compat.inductor_cache_dir()) / "cppwrap"
+
+
+def cache_key(*parts: str) -> str:
+    """Inductor's code hash of `parts`, joined as JSON so that no two lists
+    of parts join alike."""
+    return code_hash(json.dumps(parts))
 
 
 @contextlib.contextmanager
 def _first_use_step(action: str, why: str) -> Iterator[None]:
-    """Says on stderr what a once-per-torch-version (or per-machine) step
-    does and how long it took: the first compile in a new environment pauses
-    for a minute, and should say why.  Later runs find the result and say
-    nothing."""
-    print(f"torch_cppwrap: {action} ({why})...", file=sys.stderr, flush=True)
+    """Says on stderr what a once-per-cache step does and how long it took:
+    the first compile in a new environment pauses for a minute, and should
+    say why.  Later runs find the result and say nothing."""
+    # One write per line: these steps run side by side, in threads.
+    sys.stderr.write(f"torch_cppwrap: {action} ({why})...\n")
+    sys.stderr.flush()
     started = time.perf_counter()
     outcome = "failed after"
     try:
@@ -106,81 +137,237 @@ def _first_use_step(action: str, why: str) -> Iterator[None]:
         outcome = "done in"
     finally:
         elapsed = time.perf_counter() - started
-        print(f"torch_cppwrap: {action}: {outcome} {elapsed:.1f} s", file=sys.stderr)
+        sys.stderr.write(f"torch_cppwrap: {action}: {outcome} {elapsed:.1f} s\n")
+        sys.stderr.flush()
 
 
-def runtime_cache_dir() -> Path:
-    root = os.environ.get("TORCH_CPPWRAP_CACHE_DIR")
-    if root is None:
-        xdg = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
-        root = os.path.join(xdg, "torch_cppwrap")
-    path = Path(root).resolve() / f"torch-{torch.__version__}"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def _submit(
+    pool: concurrent.futures.Executor, work: Callable[..., Any], *args: Any
+) -> concurrent.futures.Future[Any]:
+    """`pool.submit(work, *args)` in a copy of the caller's context: Inductor's
+    config is per thread (context variables), and a build must see the
+    settings of the compile it serves."""
+    return pool.submit(contextvars.copy_context().run, work, *args)
+
+
+@contextlib.contextmanager
+def _alongside(work: Callable[[], object]) -> Iterator[None]:
+    """Runs `work` in a thread while the body runs; raises its error after."""
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix="torch_cppwrap"
+    ) as pool:
+        future = _submit(pool, work)
+        yield
+        future.result()
 
 
 # ---------------------------------------------------------------------------
-# Inductor's vector-ISA probe, remembered per machine
+# Artefacts: built once under a lock, recorded, checked before use
 # ---------------------------------------------------------------------------
 
+MISSING = "is missing"
 
-@functools.cache
-def _machine_identity() -> str:
-    """What a vector-ISA probe's answer depends on besides the ISA: the CPU's
-    feature flags, the compiler and the torch build."""
-    flags = ""
+
+def _record_path(artefact: Path) -> Path:
+    return artefact.with_name(artefact.name + ".record")
+
+
+def _file_sha256(path: Path) -> str:
+    # Inductor's hash helpers take the content in memory; a precompiled
+    # header runs to 150 MB, so files are hashed as a stream.
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# Files this process found as recorded, by identity and change times: a
+# precompiled header is checked once per process, not once per graph.
+_intact_lock = threading.Lock()
+_intact: set[tuple[int, ...]] = set()
+
+
+def _damage(artefact: Path) -> str | None:
+    """None if `artefact` is as recorded when it was built; else what is
+    wrong with it (MISSING if it was never built)."""
     try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            flags = next((line for line in cpuinfo if line.startswith("flags")), "")
-    except OSError:
-        pass
-    from torch._inductor.cpp_builder import get_cpp_compiler
-
-    compiler = get_cpp_compiler()
+        stat = artefact.stat()
+    except FileNotFoundError:
+        return MISSING
+    identity = (
+        stat.st_dev,
+        stat.st_ino,
+        stat.st_size,
+        stat.st_mtime_ns,
+        stat.st_ctime_ns,
+    )
+    with _intact_lock:
+        if identity in _intact:
+            return None
+    size = stat.st_size
     try:
-        version = subprocess.run(
-            [compiler, "--version"], capture_output=True, text=True, timeout=30
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        version = ""
-    return sha256_hex(torch.__version__, flags, compiler, version, sys.executable)
+        record = json.loads(_record_path(artefact).read_text())
+        recorded_size, recorded_sha256 = int(record["size"]), str(record["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        # A build killed between renaming the artefact and recording it.
+        return "has no readable record of its build"
+    if size != recorded_size:
+        return f"is {size} bytes long, {recorded_size} when it was built"
+    if _file_sha256(artefact) != recorded_sha256:
+        return "differs from what was built (SHA-256 mismatch)"
+    with _intact_lock:
+        _intact.add(identity)
+    return None
 
 
-def remember_vec_isa_probe(
-    check_build: Callable[[Any, str], bool],
-) -> Callable[[Any, str], bool]:
-    """Wraps Inductor's ``VecISA.check_build``, which compiles and loads a test
-    library to learn whether the machine runs an ISA's code.  Inductor keeps
-    the answer in its cache directory, so every process that starts with an
-    empty one pays the probe again (seconds, and tens of seconds where
-    importing torch is slow); the answer is a fact about the machine, so it is
-    kept in torch_cppwrap's cache and asked once per machine."""
+@contextlib.contextmanager
+def _file_lock(key: str, what: str) -> Iterator[None]:
+    """The lock that one process holds while it builds the artefact `key`.
+    An OS-level (fcntl) lock: a process killed mid-build leaves nothing that
+    blocks the next one."""
+    from filelock import Timeout
+    from torch.utils._filelock import FileLock
 
-    @functools.wraps(check_build)
-    def check_build_once(isa: Any, code: str) -> bool:
-        arch_flags = getattr(isa, "build_arch_flags", lambda: "")()
-        key = sha256_hex(_machine_identity(), str(isa), str(arch_flags), code)
-        path = runtime_cache_dir() / "vec_isa" / f"{key[:32]}.txt"
+    timeout = inductor_config.file_lock_timeout
+    lock = FileLock(os.path.join(get_lock_dir(), f"cppwrap-{key}.lock"), timeout)
+    acquired = False
+    try:
+        with lock:
+            acquired = True
+            yield
+    except Timeout:
+        if acquired:  # a nested lock's timeout, reported by its own holder
+            raise
+        raise RuntimeError(
+            f"torch_cppwrap: timed out after {timeout} s waiting for another "
+            f"process to build {what}; torch._inductor.config.file_lock_timeout "
+            "(TORCHINDUCTOR_FILE_LOCK_TIMEOUT) says how long to wait"
+        ) from None
+
+
+def ensure_built(
+    artefact: Path, key: str, what: str, build: Callable[[Path], Path]
+) -> Path:
+    """Returns `artefact`, intact, after building it with `build(build_dir)
+    -> built file` if it is missing or damaged.
+
+    One process builds, the others wait on the lock and then find it built.
+    Inside the lock no one else builds this key, so build directories left
+    beside the artefact are a killed process's leftovers, and are removed.
+    """
+    if _damage(artefact) is None:
+        return artefact
+    artefact.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(key, what):
+        damage = _damage(artefact)  # a second look: built while we waited?
+        if damage is None:
+            return artefact
+        if damage is not MISSING:
+            warnings.warn(
+                f"torch_cppwrap: {artefact} {damage}; rebuilding it", stacklevel=2
+            )
+        for leftover in artefact.parent.glob(".build-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+        build_dir = Path(tempfile.mkdtemp(prefix=".build-", dir=artefact.parent))
         try:
-            return path.read_text().strip() == "ok"
-        except OSError:
-            pass
-        with _first_use_step(
-            f"checking whether this CPU runs {isa} code", "once per machine"
-        ):
-            ok = check_build(isa, code)
-        # A read-only cache only costs the probe next time.
-        with contextlib.suppress(OSError):
-            write_atomic(path, "ok\n" if ok else "no\n")
-        return ok
-
-    return check_build_once
+            started = time.perf_counter()
+            built = build(build_dir)
+            record = {"size": built.stat().st_size, "sha256": _file_sha256(built)}
+            os.replace(built, artefact)
+            write_atomic(str(_record_path(artefact)), json.dumps(record))
+            log.info(
+                "torch_cppwrap: built %s in %.1f s", what, time.perf_counter() - started
+            )
+        finally:
+            shutil.rmtree(build_dir, ignore_errors=True)
+    return artefact
 
 
-def graph_cache_dir() -> Path:
-    path = Path(_compat.inductor_cache_dir()) / "cppwrap"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+def _load_extension(module_name: str, path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(module_name, str(path))
+    spec = importlib.util.spec_from_file_location(module_name, path, loader=loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------
+# Builds, as cpp_builder expresses them
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Build:
+    """One compiler run: ``CppBuilder(name, sources, options)`` with an empty
+    output_dir, run in a build directory, so that its output lands there as
+    `name` plus cpp_builder's extension (.o, .so, .gch).
+
+    `include_dirs` (searched first), `definitions` and `libraries` are ours,
+    added to the options cpp_builder made: its option classes compute their
+    lists in their constructors and take no additions, so the two are merged
+    into a plain ``BuildOptionsBase``.
+    """
+
+    name: str
+    sources: tuple[str, ...]
+    options: Any  # a cpp_builder.BuildOptionsBase
+    include_dirs: tuple[str, ...] = ()
+    definitions: tuple[str, ...] = ()
+    libraries: tuple[str, ...] = ()
+
+    def with_include_dir(self, directory: str | Path | None) -> Build:
+        if directory is None:
+            return self
+        return dataclasses.replace(
+            self, include_dirs=(str(directory), *self.include_dirs)
+        )
+
+    def builder(self, include_dirs: Sequence[str] | None = None) -> Any:
+        base = self.options
+        options = cpp_builder.BuildOptionsBase(
+            compiler=base.get_compiler(),
+            definitions=[*base.get_definitions(), *self.definitions],
+            include_dirs=[
+                *(self.include_dirs if include_dirs is None else include_dirs),
+                *base.get_include_dirs(),
+            ],
+            cflags=base.get_cflags(),
+            ldflags=base.get_ldflags(),
+            libraries_dirs=base.get_libraries_dirs(),
+            libraries=[*base.get_libraries(), *self.libraries],
+            passthrough_args=base.get_passthrough_args(),
+            aot_mode=base.get_aot_mode(),
+            use_relative_path=base.get_use_relative_path(),
+            compile_only=base.get_compile_only(),
+            precompiling=base.get_precompiling(),
+            preprocessing=base.get_preprocessing(),
+        )
+        return cpp_builder.CppBuilder(
+            name=self.name, sources=list(self.sources), BuildOption=options
+        )
+
+    def command(self) -> str:
+        return self.builder().get_command_line()
+
+    def fingerprint(self) -> str:
+        """The command without our include directories: what a key hashes.
+        Those directories are cache paths or ours, and their content is
+        hashed on its own."""
+        return self.builder(include_dirs=()).get_command_line()
+
+    @property
+    def output(self) -> str:
+        return self.builder().get_target_file_path()
+
+    def run(self, build_dir: Path, source_path: str | Path) -> Path:
+        """Runs the build in `build_dir`; returns the path of its output."""
+        try:
+            cpp_builder.run_compile_cmd(self.command(), cwd=str(build_dir))
+        except exc.CppCompileError as e:
+            raise CppWrapperCompileError(e.cmd, e.output, str(source_path)) from None
+        return build_dir / self.output
 
 
 def loaded_library(stem: str) -> list[str]:
@@ -197,182 +384,66 @@ def loaded_library(stem: str) -> list[str]:
     return []
 
 
-def _run(cmd: Sequence[str], source_path: str, cwd: str) -> None:
-    proc = subprocess.run(
-        list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    if proc.returncode != 0:
-        raise CppWrapperCompileError(
-            cmd, proc.stdout.decode(errors="replace"), source_path
-        )
-
-
-def _run_parallel(jobs: Sequence[tuple[Sequence[str], str]], cwd: str) -> None:
-    """Runs compile commands side by side; raises for the first that failed."""
-    procs = [
-        (
-            subprocess.Popen(
-                list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-            ),
-            cmd,
-            src,
-        )
-        for cmd, src in jobs
-    ]
-    failure: CppWrapperCompileError | None = None
-    for proc, cmd, src in procs:
-        out, _ = proc.communicate()
-        if proc.returncode != 0 and failure is None:
-            failure = CppWrapperCompileError(cmd, out.decode(errors="replace"), src)
-    if failure is not None:
-        raise failure
-
-
-def _build_once(target: Path, build: Callable[[Path], Path], what: str) -> Path:
-    """Produces `target` with `build(tmpdir) -> built_file` unless it exists.
-
-    The lock is an OS-level (fcntl) lock, so a process killed mid-build leaves
-    nothing that blocks the next one.
-    """
-    if target.exists():
-        return target
-    from filelock import FileLock, Timeout
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(target) + ".lock", timeout=LOCK_TIMEOUT_S)
-    try:
-        with lock:
-            if target.exists():  # built by another process while we waited
-                return target
-            tmpdir = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
-            try:
-                started = time.perf_counter()
-                built = build(tmpdir)
-                os.replace(built, target)
-                log.info(
-                    "torch_cppwrap: built %s in %.1f s",
-                    what,
-                    time.perf_counter() - started,
-                )
-            finally:
-                shutil.rmtree(tmpdir, ignore_errors=True)
-    except Timeout:
-        raise RuntimeError(
-            f"torch_cppwrap: timed out after {LOCK_TIMEOUT_S:.0f} s waiting for "
-            f"another process to build {what} ({target}); set "
-            "TORCH_CPPWRAP_LOCK_TIMEOUT to wait longer"
-        ) from None
-    return target
-
-
-def _load_extension(module_name: str, path: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader(module_name, str(path))
-    spec = importlib.util.spec_from_file_location(module_name, path, loader=loader)
-    assert spec is not None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
-
-
-@dataclass
-class BuildCommands:
-    """The compile and link command lines for one wrapper module."""
-
-    wrapper: list[str]
-    kernels: list[str] | None
-    link: list[str]
-    pch: list[str] | None = None
-    extra_inputs: list[str] = field(default_factory=list)
-
-    def fingerprint(self) -> str:
-        return shlex.join([*self.wrapper, "|", *(self.kernels or []), "|", *self.link])
-
-
 class _Toolchain:
-    """Compile commands derived from Inductor's cpp_builder, computed once."""
-
-    def __init__(self) -> None:
-        from torch._inductor import cpp_builder
-
-        self._cpp_builder = cpp_builder
-        self.runtime_include = f"-I{RUNTIME_DIR}"
+    """How each of torch_cppwrap's builds is expressed with cpp_builder's
+    options.  Options are made afresh for each build, as they follow
+    Inductor's config; the vector ISA, whose probe compiles and runs test
+    programs, is asked once."""
 
     @functools.cached_property
     def vec_isa(self) -> Any:
-        # Probing the ISA compiles and runs test programs (seconds); only
-        # graphs with C++ kernels need it.
         return _compat.pick_vec_isa()
 
-    def _command(self, sources: list[str], output: str, **options: object) -> list[str]:
-        build_option = _compat.build_options(device_type="cpu", **options)
-        name, output_dir = (
-            os.path.splitext(os.path.basename(output))[0],
-            os.path.dirname(output),
-        )
-        builder = self._cpp_builder.CppBuilder(
-            name=name, sources=sources, BuildOption=build_option, output_dir=output_dir
-        )
-        cmd = shlex.split(builder.get_command_line())
-        # cpp_builder names the output after `name`; point it at `output`.
-        if "-o" in cmd:
-            cmd[cmd.index("-o") + 1] = output
-        return cmd
+    @staticmethod
+    def _options(**kwargs: Any) -> Any:
+        from torch._inductor.cpu_vec_isa import invalid_vec_isa
+
+        kwargs.setdefault("vec_isa", invalid_vec_isa)
+        return _compat.build_options(device_type="cpu", **kwargs)
 
     def wrapper_compile(
-        self, source: str, obj: str, pch_dir: str | None = None
-    ) -> list[str]:
-        from torch._inductor.cpu_vec_isa import invalid_vec_isa
-
-        cmd = self._command(
-            [source], obj, vec_isa=invalid_vec_isa, compile_only=True, min_optimize=True
+        self, device_type: str, source: str, *, precompiling: bool = False
+    ) -> Build:
+        """A wrapper translation unit: light headers (ours, Python.h, the C
+        shim), no vector ISA, Inductor's wrapper optimisation level."""
+        definitions, _ = DEVICE_BUILD[device_type]
+        options = self._options(
+            min_optimize=True, compile_only=not precompiling, precompiling=precompiling
         )
-        if pch_dir is not None:
-            cmd.append(f"-I{pch_dir}")  # searched before the runtime directory
-        return [*cmd, self.runtime_include]
+        name = "header" if precompiling else "wrapper"
+        return Build(name, (source,), options, (str(RUNTIME_DIR),), definitions)
 
-    def kernel_compile(self, source: str, obj: str, pch_dir: str | None) -> list[str]:
-        cmd = self._command([source], obj, vec_isa=self.vec_isa, compile_only=True)
-        if pch_dir is not None:
-            # A directory holding only the .gch is searched first; gcc then
-            # uses the precompiled cpp_prefix.h if its flags match.
-            cmd.insert(1, f"-I{pch_dir}")
-        return cmd
-
-    @staticmethod
-    def pch_compile(compile_cmd: list[str], header: str, gch: str) -> list[str]:
-        """The command that precompiles `header` with the flags of
-        `compile_cmd`, a compile of the placeholder source "SRC" to "OUT"."""
-        cmd = [gch if arg == "OUT" else arg for arg in compile_cmd if arg != "-c"]
-        idx = cmd.index("SRC")
-        cmd[idx : idx + 1] = ["-x", "c++-header", header]
-        return cmd
-
-    def link(self, objects: list[str], output: str) -> list[str]:
-        from torch._inductor.cpu_vec_isa import invalid_vec_isa
-
-        return self._command(
-            [*objects, *self.shared_libstdcxx], output, vec_isa=invalid_vec_isa
+    def kernel_compile(self, source: str, *, precompiling: bool = False) -> Build:
+        """A kernel translation unit: Inductor's kernels, built as Inductor
+        builds them, for the machine's vector ISA."""
+        options = self._options(
+            vec_isa=self.vec_isa,
+            compile_only=not precompiling,
+            precompiling=precompiling,
         )
+        return Build("header" if precompiling else "kernels", (source,), options)
 
-    def runtime_extension(self, source: str, output: str) -> list[str]:
-        from torch._inductor.cpu_vec_isa import invalid_vec_isa
+    def link(self, objects: Sequence[str], device_type: str) -> Build:
+        _, libraries = DEVICE_BUILD[device_type]
+        sources = (*objects, *self.shared_libstdcxx)
+        return Build("module", sources, self._options(), libraries=libraries)
 
-        cmd = self._command(
-            [source, *self.shared_libstdcxx],
-            output,
-            vec_isa=invalid_vec_isa,
-            include_pytorch=True,
+    def runtime_extension(self) -> Build:
+        return Build(
+            "runtime",
+            (RUNTIME_SOURCE.name, *self.shared_libstdcxx),
+            self._options(include_pytorch=True),
+            (str(RUNTIME_DIR),),
         )
-        return [*cmd, self.runtime_include]
 
     @functools.cached_property
-    def shared_libstdcxx(self) -> list[str]:
+    def shared_libstdcxx(self) -> tuple[str, ...]:
         """The C++ runtime libtorch uses, linked by path.  Our modules pass
         exceptions and strings to and from libtorch, so they must share its
         libstdc++; some toolchains (the GPU machine's g++) link a static copy
         by default, whose iostreams and exception_ptr crash or misbehave
         beside libtorch's."""
-        return loaded_library("libstdc++.so")
+        return tuple(loaded_library("libstdc++.so"))
 
 
 _toolchain_lock = threading.Lock()
@@ -387,17 +458,28 @@ def toolchain() -> _Toolchain:
         return _toolchain
 
 
+@functools.cache
+def _compiler_version() -> str:
+    return cpp_builder.get_compiler_version_info(cpp_builder.get_cpp_compiler())
+
+
+@functools.cache
 def _runtime_sources_digest() -> str:
-    return sha256_hex(
+    return cache_key(
         *(
-            (RUNTIME_DIR / name).read_bytes()
-            for name in (*RUNTIME_HEADERS, "cppwrap_runtime_ext.cpp")
+            (RUNTIME_DIR / name).read_text()
+            for name in (*RUNTIME_HEADERS, RUNTIME_SOURCE.name)
         )
     )
 
 
+# ---------------------------------------------------------------------------
+# Once per cache: the runtime extension and the precompiled headers
+# ---------------------------------------------------------------------------
+
+
 class RuntimeExtension:
-    """torch_cppwrap._C: the runtime's function table, built once per torch."""
+    """torch_cppwrap._C: the runtime's function table, built once per cache."""
 
     _module: ModuleType | None = None
     _lock = threading.Lock()
@@ -411,31 +493,38 @@ class RuntimeExtension:
                 cls._module = cls._build_and_load()
         return cls._module
 
-    @classmethod
-    def _build_and_load(cls) -> ModuleType:
-        source = RUNTIME_DIR / "cppwrap_runtime_ext.cpp"
-        tc = toolchain()
-        probe = tc.runtime_extension(str(source), "runtime.so")
-        key = sha256_hex(
-            _runtime_sources_digest(), shlex.join(probe), torch.__version__
+    @staticmethod
+    def artefact(build: Build | None = None) -> tuple[str, Path]:
+        """The key and the path of this cache's runtime extension."""
+        build = build or toolchain().runtime_extension()
+        key = cache_key(
+            "runtime",
+            _runtime_sources_digest(),
+            build.fingerprint(),
+            _compiler_version(),
+            torch.__version__,
         )
-        target = runtime_cache_dir() / "runtime" / f"cppwrap_runtime_{key[:20]}.so"
+        return key, cache_root() / "runtime" / key / "cppwrap_runtime.so"
 
-        def build(tmpdir: Path) -> Path:
-            out = tmpdir / "runtime.so"
+    @classmethod
+    def ensure_built(cls) -> Path:
+        """The path of this cache's runtime extension, built if need be."""
+        build = toolchain().runtime_extension()
+        key, target = cls.artefact(build)
+
+        def build_runtime(build_dir: Path) -> Path:
+            shutil.copyfile(RUNTIME_SOURCE, build_dir / RUNTIME_SOURCE.name)
             with _first_use_step(
                 f"building the runtime extension for torch {torch.__version__}",
-                f"once per torch version, into {target.parent}",
+                f"once per Inductor cache, into {target.parent}",
             ):
-                _run(
-                    tc.runtime_extension(str(source), str(out)),
-                    str(source),
-                    str(tmpdir),
-                )
-            return out
+                return build.run(build_dir, RUNTIME_SOURCE)
 
-        path = _build_once(target, build, "the runtime extension")
-        module = _load_extension("torch_cppwrap._C", path)
+        return ensure_built(target, key, "the runtime extension", build_runtime)
+
+    @classmethod
+    def _build_and_load(cls) -> ModuleType:
+        module = _load_extension("torch_cppwrap._C", cls.ensure_built())
         sys.modules["torch_cppwrap._C"] = module
         import torch_cppwrap
 
@@ -443,66 +532,57 @@ class RuntimeExtension:
         return module
 
 
-_pch_lock = threading.Lock()
-_pch_dirs: dict[str, str | None] = {}
-
-
 def precompiled_header_dir(
-    header: Path, include_name: str, compile_cmd: list[str], digest: str
-) -> str | None:
-    """A directory holding `include_name`.gch, `header` precompiled with the
-    flags of `compile_cmd` (a compile of "SRC" to "OUT"); built once per torch
-    version and flag set into torch_cppwrap's own cache.  Listed with -I
-    before the header's real directory, it lets gcc skip parsing the header
-    when the flags match (and fall back to the header when they don't)."""
-    if os.environ.get("TORCH_CPPWRAP_NO_PCH") == "1" or not _is_gcc():
+    header: Path, include_name: str, build: Build, digest: str
+) -> Path | None:
+    """A directory holding `include_name`.gch: `header` precompiled by
+    `build` (a precompiling build named after the header), once per cache.
+    Listed first among the include directories of a translation unit built
+    with the same options, it lets gcc skip parsing the header (gcc falls
+    back to the header where the options differ).  None where headers are
+    not precompiled: Inductor's ``cpp_cache_precompile_headers`` is off, or
+    the compiler is not gcc."""
+    if not (inductor_config.cpp_cache_precompile_headers and _is_gcc()):
         return None
-    key = sha256_hex(digest, shlex.join(compile_cmd), torch.__version__)
-    with _pch_lock:
-        if key in _pch_dirs:
-            return _pch_dirs[key]
-        pch_root = runtime_cache_dir() / "pch" / key[:20]
-        target = pch_root / (include_name + ".gch")
-        what = f"the precompiled {Path(include_name).name}"
+    key = cache_key(
+        "pch", digest, build.fingerprint(), _compiler_version(), torch.__version__
+    )
+    pch_root = cache_root() / "pch" / key
+    target = pch_root / f"{include_name}.gch"
+    what = f"the precompiled {Path(include_name).name}"
 
-        def build(tmpdir: Path) -> Path:
-            out = tmpdir / "header.gch"
-            cmd = _Toolchain.pch_compile(compile_cmd, str(header), str(out))
-            with _first_use_step(f"building {what}", "once per torch version"):
-                _run(cmd, str(header), str(tmpdir))
-            return out
+    def build_header(build_dir: Path) -> Path:
+        shutil.copyfile(header, build_dir / build.sources[0])
+        with _first_use_step(f"building {what}", "once per Inductor cache"):
+            return build.run(build_dir, header)
 
-        _build_once(target, build, what)
-        _pch_dirs[key] = str(pch_root)
-        return str(pch_root)
+    ensure_built(target, key, what, build_header)
+    return pch_root
 
 
-def kernel_prefix_pch(tc: _Toolchain) -> str | None:
+def kernel_prefix_pch(tc: _Toolchain) -> Path | None:
     """cpp_prefix.h, which heads every kernel translation unit."""
     header = Path(torch.__file__).resolve().parent / "include" / CPP_PREFIX_INCLUDE
     return precompiled_header_dir(
         header,
         CPP_PREFIX_INCLUDE,
-        tc.kernel_compile("SRC", "OUT", None),
-        sha256_hex(header.read_bytes()),
+        tc.kernel_compile(header.name, precompiling=True),
+        cache_key(header.read_text()),
     )
 
 
-def wrapper_runtime_pch(tc: _Toolchain, device_type: str) -> str | None:
+def wrapper_runtime_pch(tc: _Toolchain, device_type: str) -> Path | None:
     """cppwrap_runtime.h (with Python.h and the C shim), which heads every
     wrapper translation unit: nearly all of its compile time."""
-    compile_flags, _ = DEVICE_FLAGS[device_type]
     return precompiled_header_dir(
         RUNTIME_DIR / "cppwrap_runtime.h",
         "cppwrap_runtime.h",
-        [*tc.wrapper_compile("SRC", "OUT"), *compile_flags],
+        tc.wrapper_compile(device_type, "cppwrap_runtime.h", precompiling=True),
         _runtime_sources_digest(),
     )
 
 
 def _is_gcc() -> bool:
-    from torch._inductor import cpp_builder
-
     try:
         return bool(cpp_builder.is_gcc())
     except Exception:  # pragma: no cover - compiler probing failed
@@ -510,16 +590,132 @@ def _is_gcc() -> bool:
 
 
 def prepare_runtime(device_type: str = "cpu") -> None:
-    """Builds everything torch_cppwrap builds once per torch version (the
-    runtime extension and the precompiled headers), so that no graph's first
-    compile pays for it."""
-    RuntimeExtension.load()
+    """Builds what torch_cppwrap builds once per Inductor cache (the runtime
+    extension and the precompiled headers), so that no graph's first compile
+    pays for it."""
     tc = toolchain()
-    wrapper_runtime_pch(tc, device_type)
-    if device_type == "cpu":
-        kernel_prefix_pch(tc)
+    with _alongside(RuntimeExtension.ensure_built):
+        wrapper_runtime_pch(tc, device_type)
+        if device_type == "cpu":
+            kernel_prefix_pch(tc)
 
 
+_prefetch_lock = threading.Lock()
+_prefetched: set[tuple[Path, str]] = set()
+
+
+def prefetch(device_type: str) -> None:
+    """Starts building, in the background, what every module for
+    `device_type` needs from this cache: the runtime extension and the
+    wrapper's precompiled header.  Called as Inductor starts generating a
+    graph's code, so that in a new cache these builds overlap code generation
+    instead of following it.  A failure is left for the load that needs the
+    artefact to raise."""
+    if device_type not in DEVICE_BUILD:
+        return
+    with _prefetch_lock:
+        if (cache_root(), device_type) in _prefetched:
+            return
+        _prefetched.add((cache_root(), device_type))
+    for work, args in (
+        (RuntimeExtension.load, ()),
+        (wrapper_runtime_pch, (toolchain(), device_type)),
+    ):
+        # Daemon threads: a process that ends meanwhile does not wait for
+        # them (the build directory left behind is removed by the next build).
+        threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(_quietly, work, *args),
+            name="torch_cppwrap-prefetch",
+            daemon=True,
+        ).start()
+
+
+def _quietly(work: Callable[..., object], *args: Any) -> None:
+    try:
+        work(*args)
+    except Exception:
+        log.debug("torch_cppwrap: prefetching failed", exc_info=True)
+
+
+# ---------------------------------------------------------------------------
+# Graph modules
+# ---------------------------------------------------------------------------
+
+# A graph builds in a directory inside its key directory, where its sources
+# stay (for the compiler's messages and for reading).
+WRAPPER_SOURCE = "../wrapper.cpp"
+KERNEL_SOURCE = "../kernels.cpp"
+
+
+class GraphBuild:
+    """The builds of one graph's module: the wrapper and kernel translation
+    units, compiled side by side, then linked."""
+
+    def __init__(
+        self, wrapper_source: str, kernel_source: str, device_type: str
+    ) -> None:
+        tc = toolchain()
+        self.tc = tc
+        self.device_type = device_type
+        self.wrapper_source = wrapper_source
+        self.kernel_source = kernel_source
+        self.wrapper = tc.wrapper_compile(device_type, WRAPPER_SOURCE)
+        self.kernels = (
+            tc.kernel_compile(KERNEL_SOURCE) if kernel_source.strip() else None
+        )
+        objects = [self.wrapper.output]
+        if self.kernels is not None:
+            objects.append(self.kernels.output)
+        self.link = tc.link(objects, device_type)
+        # Precompiled headers are left out: they change how fast a module
+        # builds, not what it is.
+        self.key = cache_key(
+            "graph",
+            wrapper_source,
+            kernel_source,
+            device_type,
+            _runtime_sources_digest(),
+            *(b.fingerprint() for b in (self.wrapper, self.kernels, self.link) if b),
+            _compiler_version(),
+            torch.__version__,
+        )
+        self.directory = cache_root() / self.key[1:3] / self.key
+        self.module_path = self.directory / f"cppwrap_{self.key[:24]}.so"
+
+    def build(self, build_dir: Path) -> Path:
+        assert build_dir.parent == self.directory
+        wrapper_path = self.directory / Path(WRAPPER_SOURCE).name
+        kernel_path = self.directory / Path(KERNEL_SOURCE).name
+        write_atomic(str(wrapper_path), self.wrapper_source, encode_utf_8=True)
+        units: list[tuple[Callable[[], Path | None], Build, Path]] = [
+            (
+                lambda: wrapper_runtime_pch(self.tc, self.device_type),
+                self.wrapper,
+                wrapper_path,
+            )
+        ]
+        if self.kernels is not None:
+            write_atomic(str(kernel_path), self.kernel_source, encode_utf_8=True)
+            units.append(
+                (lambda: kernel_prefix_pch(self.tc), self.kernels, kernel_path)
+            )
+
+        def compile_unit(
+            header: Callable[[], Path | None], build: Build, source: Path
+        ) -> Path:
+            return build.with_include_dir(header()).run(build_dir, source)
+
+        with concurrent.futures.ThreadPoolExecutor(
+            max_workers=len(units), thread_name_prefix="torch_cppwrap"
+        ) as pool:
+            futures = [_submit(pool, compile_unit, *unit) for unit in units]
+        for future in futures:
+            future.result()  # the wrapper's error first
+        return self.link.run(build_dir, wrapper_path)
+
+
+@clear_on_fresh_cache
 class CppWrapperCodeCache:
     """Compiles generated wrapper modules and loads them, memoised in-process
     and on disk."""
@@ -529,7 +725,10 @@ class CppWrapperCodeCache:
 
     @classmethod
     def cache_clear(cls) -> None:
-        cls.cache.clear()
+        with cls._lock:
+            cls.cache.clear()
+        with _prefetch_lock:
+            _prefetched.clear()
 
     @classmethod
     def load_pybinding(cls, *args: object, **kwargs: object) -> None:
@@ -551,103 +750,28 @@ class CppWrapperCodeCache:
         device_type: str = "cpu",
     ) -> ModuleType:
         """Returns the extension module built from the two sources."""
-        if device_type not in DEVICE_FLAGS:
+        if device_type not in DEVICE_BUILD:
             raise NotImplementedError(
                 f"torch_cppwrap: no C++ wrapper build for {device_type!r}"
             )
-        RuntimeExtension.load()
-        tc = toolchain()
-        use_kernels = bool(kernel_source.strip())
-        pch_dirs = (
-            wrapper_runtime_pch(tc, device_type),
-            kernel_prefix_pch(tc) if use_kernels else None,
-        )
-
-        # The commands use placeholder paths for the hash; the real ones differ
-        # only in the directory.
-        probe = cls._commands(tc, Path("DIR"), use_kernels, pch_dirs, device_type)
-        key = sha256_hex(
-            wrapper_source,
-            kernel_source,
-            probe.fingerprint(),
-            torch.__version__,
-            _runtime_sources_digest(),
-            device_type,
-        )
+        graph = GraphBuild(wrapper_source, kernel_source, device_type)
         with cls._lock:
-            module = cls.cache.get(key)
+            module = cls.cache.get(graph.key)
         if module is not None:
             return module
 
-        module_name = f"cppwrap_{key[:24]}"
-        key_dir = graph_cache_dir() / key[:2] / key
-        target = key_dir / f"{module_name}.so"
-
-        def build(tmpdir: Path) -> Path:
-            wrapper_path = key_dir / "wrapper.cpp"
-            kernel_path = key_dir / "kernels.cpp"
-            write_atomic(wrapper_path, wrapper_source)
-            if use_kernels:
-                write_atomic(kernel_path, kernel_source)
-            cmds = cls._commands(tc, tmpdir, use_kernels, pch_dirs, device_type)
-            jobs: list[tuple[Sequence[str], str]] = [
-                (_with_source(cmds.wrapper, wrapper_path), str(wrapper_path))
-            ]
-            if cmds.kernels is not None:
-                jobs.append((_with_source(cmds.kernels, kernel_path), str(kernel_path)))
-            _run_parallel(jobs, str(tmpdir))
-            _run(cmds.link, str(wrapper_path), str(tmpdir))
-            return tmpdir / "module.so"
-
-        _build_once(target, build, f"wrapper module {module_name}")
+        name = graph.module_path.stem
+        if RuntimeExtension._module is not None:
+            ensure_built(graph.module_path, graph.key, name, graph.build)
+        else:
+            # A graph module needs the runtime extension to load, not to
+            # build: in a new cache, build the two side by side.
+            with _alongside(RuntimeExtension.load):
+                ensure_built(graph.module_path, graph.key, name, graph.build)
         # Every wrapper module's initialiser is PyInit_cppwrap_graph (a fixed
         # name keeps the precompiled header valid); the path tells them apart.
-        module = _load_extension("cppwrap_graph", target)
-        module.__cppwrap_source_dir__ = str(key_dir)  # type: ignore[attr-defined]
+        module = _load_extension("cppwrap_graph", graph.module_path)
+        module.__cppwrap_source_dir__ = str(graph.directory)  # type: ignore[attr-defined]
         with cls._lock:
-            cls.cache[key] = module
+            cls.cache[graph.key] = module
         return module
-
-    @staticmethod
-    def _commands(
-        tc: _Toolchain,
-        tmpdir: Path,
-        use_kernels: bool,
-        pch_dirs: tuple[str | None, str | None] = (None, None),
-        device_type: str = "cpu",
-    ) -> BuildCommands:
-        """Compile and link commands; `pch_dirs` holds the precompiled-header
-        directories of the wrapper and the kernel translation units."""
-        wrapper_obj = str(tmpdir / "wrapper.o")
-        kernel_obj = str(tmpdir / "kernels.o")
-        objects = [wrapper_obj, kernel_obj] if use_kernels else [wrapper_obj]
-        compile_flags, link_flags = DEVICE_FLAGS[device_type]
-        return BuildCommands(
-            wrapper=[
-                *tc.wrapper_compile("wrapper.cpp", wrapper_obj, pch_dirs[0]),
-                *compile_flags,
-            ],
-            kernels=tc.kernel_compile("kernels.cpp", kernel_obj, pch_dirs[1])
-            if use_kernels
-            else None,
-            link=[*tc.link(objects, str(tmpdir / "module.so")), *link_flags],
-        )
-
-
-def _with_source(cmd: list[str], source: Path) -> list[str]:
-    return [
-        str(source)
-        if arg.endswith(("wrapper.cpp", "kernels.cpp")) and not arg.startswith("-")
-        else arg
-        for arg in cmd
-    ]
-
-
-def write_atomic(path: Path, content: str | bytes) -> None:
-    """Writes `path` through a temporary file and a rename, so readers see
-    the old content or the new, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb" if isinstance(content, bytes) else "w") as f:
-        f.write(content)
-    os.replace(tmp, path)

@@ -17,6 +17,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor import metrics
 
 from torch_cppwrap import config
+from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codecache import CppWrapperCompileError
 
 # Upstream's graph.py logs its performance hints here (TORCH_LOGS=perf_hints).
@@ -49,6 +50,8 @@ def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:
     """Wraps ``GraphLowering._compile_to_module``."""
 
     def _compile_to_module(graph: Any) -> Any:
+        if _uses_our_wrapper(graph):
+            codecache.prefetch(graph.device_type)
         if not _uses_our_wrapper(graph) or config.strict:
             return original(graph)
         try:

@@ -166,9 +166,9 @@ class LaunchSignature:
 def store_cubin(data: bytes) -> Path:
     """Writes a cubin into the graph cache, named by its content."""
     digest = hashlib.sha256(data).hexdigest()
-    path = codecache.graph_cache_dir() / "cubin" / digest[:2] / f"{digest}.cubin"
+    path = codecache.cache_root() / "cubin" / digest[:2] / f"{digest}.cubin"
     if not path.exists():
-        codecache.write_atomic(path, data)
+        codecache.write_atomic(str(path), data, make_dirs=True)
     return path
 
 

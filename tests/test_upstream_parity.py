@@ -90,6 +90,18 @@ class TestUpstreamParity(CppWrapperTestCase):
         )
         self.assertIn(".complex(5.0, 2.0)", source)  # folded: (2.5 + 1j) * 2
 
+    def test_output_and_a_view_of_it(self) -> None:
+        # Found by the backward OpInfo sweep on torch 2.11: an output buffer
+        # was moved out before a later output, a view of it, read it.
+        def fn(x):
+            values, indices = torch.mode(x, -1)
+            return values, indices, indices.view(5, 5, 1)
+
+        (source,) = self.check(fn, (torch.randn(5, 5, 5),))
+        body = source[source.index("static PyObject* call_impl") :]
+        view = body.index("= cppwrap::reinterpret_tensor(")
+        self.assertLess(view, body.index("= std::move("))
+
     @config.patch(fallback_random=True)
     def test_inplace_bernoulli_fallback(self) -> None:
         def fn(a):

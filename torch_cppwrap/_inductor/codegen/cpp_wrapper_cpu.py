@@ -1172,6 +1172,21 @@ class CppWrapperCpu(PythonWrapperCodegen):
         return decls
 
     def generate_return(self, output_refs: list[str]) -> None:
+        # Outputs that read a buffer (views, scalars, constants) are taken
+        # before any buffer is moved out, and repeats of an output last: an
+        # output may be a view of a buffer that is itself an output.
+        reads, moves, repeats = IndentedBuffer(), IndentedBuffer(), IndentedBuffer()
+        self._generate_outputs(output_refs, reads, moves, repeats)
+        for part in (reads, moves, repeats):
+            self.wrapper_call.splice(part)
+
+    def _generate_outputs(
+        self,
+        output_refs: list[str],
+        reads: IndentedBuffer,
+        moves: IndentedBuffer,
+        repeats: IndentedBuffer,
+    ) -> None:
         seen: dict[str, int] = {}
         constants = set(self.constant_names)
         outputs = zip(output_refs, V.graph.graph_outputs, strict=True)
@@ -1187,17 +1202,18 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 expr = node.expr if hasattr(node, "expr") else node.shape
                 kind = "int" if getattr(expr, "is_integer", True) else "float"
                 self.output_kinds.append(kind)
-                self.wrapper_call.writeline(f"out{index} = {ref};")
+                reads.writeline(f"out{index} = {ref};")
                 continue
             self.output_kinds.append("tensor")
             if ref in seen:
-                self.wrapper_call.writeline(f"out{index} = out{seen[ref]}.clone_ref();")
-            elif not _is_identifier(ref):
-                self.wrapper_call.writeline(f"out{index} = {ref};")
+                repeats.writeline(f"out{index} = out{seen[ref]}.clone_ref();")
+                continue
+            if not _is_identifier(ref):
+                reads.writeline(f"out{index} = {ref};")
             elif ref in constants:
-                self.wrapper_call.writeline(f"out{index} = {ref}.clone_ref();")
+                reads.writeline(f"out{index} = {ref}.clone_ref();")
             else:
-                self.wrapper_call.writeline(f"out{index} = {self._moved(ref)};")
+                moves.writeline(f"out{index} = {self._moved(ref)};")
             seen[ref] = index
 
     def generate_before_suffix(self, result: IndentedBuffer) -> None:

@@ -16,6 +16,13 @@ from torch.utils._config_module import install_config_module
 # reason.  Strict mode raises the error instead: our own tests run strict.
 strict: bool = os.environ.get("TORCH_CPPWRAP_STRICT", "0") == "1"
 
+# The code cache has no settings of its own: it lives in Inductor's cache
+# directory and follows Inductor's settings, torch._inductor.config's
+# ``cpp_cache_precompile_headers`` (TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS)
+# for precompiled headers and ``file_lock_timeout``
+# (TORCHINDUCTOR_FILE_LOCK_TIMEOUT) for how long to wait for another process's
+# build.
+
 if TYPE_CHECKING:
     from torch.utils._config_typing import *  # noqa: F403
 

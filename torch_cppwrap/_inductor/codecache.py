@@ -182,8 +182,9 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-# Files this process found as recorded, by identity and change times: a
-# precompiled header is checked once per process, not once per graph.
+# Files this process found as recorded, by identity, size and modification
+# time: a precompiled header is hashed once per process, not once per graph.
+# (Not the change time: linking a file, as the tests do, changes it.)
 _intact_lock = threading.Lock()
 _intact: set[tuple[int, ...]] = set()
 
@@ -195,13 +196,7 @@ def _damage(artefact: Path) -> str | None:
         stat = artefact.stat()
     except FileNotFoundError:
         return MISSING
-    identity = (
-        stat.st_dev,
-        stat.st_ino,
-        stat.st_size,
-        stat.st_mtime_ns,
-        stat.st_ctime_ns,
-    )
+    identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
     with _intact_lock:
         if identity in _intact:
             return None

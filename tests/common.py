@@ -152,3 +152,22 @@ class CppWrapperTestCase(TestCase):
         # Inputs mutated in place must match too.
         torch.testing.assert_close(actual_args, eager_args, **kwargs)
         return sources
+
+
+# A wrapper module that returns its one input: the smallest thing the code
+# cache builds.
+IDENTITY_SOURCE = """
+#include "cppwrap_runtime.h"
+
+CPPWRAP_MODULE_STATE()
+
+static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {
+    if (!cppwrap::check_args(args, 1)) return nullptr;
+    cppwrap::Tensor x;
+    if (!cppwrap::unpack_tensor(args, 0, x, "x")) return nullptr;
+    cppwrap::clear_args(args);
+    return cppwrap::pack_outputs<1>({cppwrap::output(x)});
+}
+
+CPPWRAP_DEFINE_MODULE("test module %(tag)s")
+"""

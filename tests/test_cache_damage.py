@@ -23,7 +23,7 @@ from unittest import mock
 
 from torch._inductor.test_case import TestCase, run_tests
 
-from tests.common import seed_cache
+from tests.common import IDENTITY_SOURCE, seed_cache
 from torch_cppwrap._inductor import codecache
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,22 +51,6 @@ print("RESULT " + json.dumps({
 }))
 """
 
-IDENTITY_SOURCE = """
-#include "cppwrap_runtime.h"
-
-CPPWRAP_MODULE_STATE()
-
-static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {
-    if (!cppwrap::check_args(args, 1)) return nullptr;
-    cppwrap::Tensor x;
-    if (!cppwrap::unpack_tensor(args, 0, x, "x")) return nullptr;
-    cppwrap::clear_args(args);
-    return cppwrap::pack_outputs<1>({cppwrap::output(x)});
-}
-
-CPPWRAP_DEFINE_MODULE("damage test %s")
-"""
-
 KERNEL_SOURCE = """
 #include <torch/csrc/inductor/cpp_prefix.h>
 extern "C" void damage_test_kernel_%s(float* out) { out[0] = 1.0f; }
@@ -74,7 +58,7 @@ extern "C" void damage_test_kernel_%s(float* out) { out[0] = 1.0f; }
 
 
 def graph(tag: str, kernels: bool = False) -> tuple[str, str]:
-    return IDENTITY_SOURCE % tag, KERNEL_SOURCE % tag if kernels else ""
+    return IDENTITY_SOURCE % {"tag": tag}, KERNEL_SOURCE % tag if kernels else ""
 
 
 def garble(path: Path) -> None:

@@ -16,30 +16,13 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._inductor.test_case import TestCase, run_tests
 from torch._inductor.utils import fresh_cache
 
-from tests.common import seed_cache
+from tests.common import IDENTITY_SOURCE, seed_cache
 from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codecache import (
     CppWrapperCodeCache,
     CppWrapperCompileError,
     GraphBuild,
 )
-
-# A minimal wrapper module: no kernels, returns its single input.
-IDENTITY_SOURCE = """
-#include "cppwrap_runtime.h"
-
-CPPWRAP_MODULE_STATE()
-
-static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {
-    if (!cppwrap::check_args(args, 1)) return nullptr;
-    cppwrap::Tensor x;
-    if (!cppwrap::unpack_tensor(args, 0, x, "x")) return nullptr;
-    cppwrap::clear_args(args);
-    return cppwrap::pack_outputs<1>({cppwrap::output(x)});
-}
-
-CPPWRAP_DEFINE_MODULE("test module %(tag)s")
-"""
 
 
 def no_compiler(*args: object, **kwargs: object) -> None:

@@ -102,6 +102,17 @@ class TestUpstreamParity(CppWrapperTestCase):
         view = body.index("= cppwrap::reinterpret_tensor(")
         self.assertLess(view, body.index("= std::move("))
 
+    def test_optional_string_argument_spelling(self) -> None:
+        # mkl's _linear_pointwise takes `str? algorithm`; `const char*("")`
+        # is not C++ (test_cpu_cpp_wrapper's mkl_linear with dynamic shapes).
+        from torch_cppwrap._inductor.codegen.shim_args import shim_argument
+
+        optional_str = torch.OptionalType(torch.StringType.get())
+        self.assertEqual(
+            shim_argument(None, "", optional_str),  # type: ignore[arg-type]
+            'cppwrap::address_of(static_cast<const char*>(""))',
+        )
+
     @config.patch(fallback_random=True)
     def test_inplace_bernoulli_fallback(self) -> None:
         def fn(a):

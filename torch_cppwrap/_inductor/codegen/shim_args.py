@@ -136,7 +136,8 @@ def shim_argument(wrapper: CppWrapperCpu, val: Any, type_: Any = None) -> str:
             return f"cppwrap::address_of({main}), {length}"
         if isinstance(inner, torch.TensorType):
             return f"cppwrap::address_of({text})"
-        return f"cppwrap::address_of({element_ctype(inner, val)}({text}))"
+        # static_cast: a functional cast cannot name `const char*`.
+        return f"cppwrap::address_of(static_cast<{element_ctype(inner, val)}>({text}))"
 
     if isinstance(type_, (torch.ListType, torch.TupleType)):
         if not isinstance(val, (list, tuple)):

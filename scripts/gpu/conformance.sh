@@ -15,18 +15,7 @@
 # UPSTREAM_TIMEOUT, UPSTREAM_ARGS.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/cppwrap_gpu_out}
-mkdir -p "$OUT"
-PYTHON=${PYTHON:-python3}
-if compgen -G ".whl/*.whl" >/dev/null; then
-    $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
-# Inductor's cache holds torch_cppwrap's too (runtime extension, precompiled
-# headers); the tests link those into the fresh cache each test gets.
-export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor_cache_tests}
+. scripts/gpu/env.sh
 export NCCL_NVLS_ENABLE=0
 
 has_step() { [[ " ${STEPS:-suite} " == *" $1 "* ]]; }

@@ -15,20 +15,7 @@
 # DIST_BENCH_ARGS (passed to bench_tp.py, e.g. --blocks 4).
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/cppwrap_gpu_out}
-mkdir -p "$OUT"
-PYTHON=${PYTHON:-python3}
-# Pure-Python test dependencies the GPU image lacks (expecttest), carried as
-# wheels in .whl/ (see the device README).
-if compgen -G ".whl/*.whl" >/dev/null; then
-    $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export PYTHONUNBUFFERED=1
-# Inductor's cache holds torch_cppwrap's too (runtime extension, precompiled
-# headers); the tests link those into the fresh cache each test gets.
-export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor_cache_tests}
+. scripts/gpu/env.sh
 # Inductor probes the host's vector ISAs by building and loading test programs
 # in a fresh `python -c "import torch ..."` each, ~20 s apiece on that machine,
 # in every process whose first C++ build it is; with CUDA graphs there is no

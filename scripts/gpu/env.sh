@@ -1,0 +1,16 @@
+# Set-up shared by the device scripts (sourced from the repository root):
+# $OUT, $PYTHON, the carried wheels, the repo on PYTHONPATH, Inductor's cache.
+OUT=${OUT:-/tmp/cppwrap_gpu_out}
+mkdir -p "$OUT"
+PYTHON=${PYTHON:-python3}
+# Pure-Python test dependencies the GPU image lacks (expecttest), carried as
+# wheels in .whl/ (see the device README).
+if compgen -G ".whl/*.whl" >/dev/null; then
+    $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+# Inductor's cache holds torch_cppwrap's too (runtime extension, precompiled
+# headers); the tests link those into the fresh cache each test gets.
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor_cache_tests}

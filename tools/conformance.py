@@ -22,6 +22,7 @@ is 1 when some test passes upstream and fails ours, 0 otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -39,6 +40,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOOLS_DIR = Path(__file__).resolve().parent
 PLUGIN = "conformance_plugin"
+# How long a timed-out pytest run gets to write its report after SIGINT.
+INTERRUPT_GRACE_SECONDS = 60
 # Read by conformance_plugin.py.
 IMPORT_CPPWRAP = "CONFORMANCE_IMPORT_CPPWRAP"
 TEST_TIMEOUT = "CONFORMANCE_TEST_TIMEOUT"
@@ -362,6 +365,11 @@ def run_subprocess(
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            # SIGINT first: pytest stops like on Ctrl-C and still writes the
+            # JUnit file, so the tests that finished are counted.
+            proc.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=INTERRUPT_GRACE_SECONDS)
             return None
         finally:
             if proc.poll() is None:  # timed out or interrupted: its whole group goes

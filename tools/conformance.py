@@ -45,6 +45,7 @@ INTERRUPT_GRACE_SECONDS = 60
 # Read by conformance_plugin.py.
 IMPORT_CPPWRAP = "CONFORMANCE_IMPORT_CPPWRAP"
 TEST_TIMEOUT = "CONFORMANCE_TEST_TIMEOUT"
+STAND_IN_LOG = "CONFORMANCE_STAND_IN_LOG"
 
 MODES = ("upstream", "ours")
 OUTCOMES = ("passed", "failed", "error", "skipped")
@@ -110,6 +111,7 @@ class RunResult:
     seconds: float
     log: Path
     results: dict[str, CaseResult]
+    stood_in: list[str] = field(default_factory=list)  # borrowed modules replaced
 
     @property
     def timed_out(self) -> bool:
@@ -287,6 +289,8 @@ def render_file(report: FileReport) -> list[str]:
     lines += _id_list("Fail upstream, pass ours", fixed_by_ours(up, ours))
     for run in (report.upstream, report.ours):
         lines += _collection_lines(run)
+    for run in (report.upstream, report.ours):
+        lines += _id_list(f"Borrowed modules stood in, {run.mode}", run.stood_in)
     lines += [f"Fail (or error) in both modes: {len(broken_in_both(up, ours))}.", ""]
     lines += [f"Logs: `{report.upstream.log}`, `{report.ours.log}`.", ""]
     return lines
@@ -341,6 +345,7 @@ def pytest_env(
     env[TEST_TIMEOUT] = str(options.test_timeout)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(run_dir / "cache" / "inductor")
     env["TRITON_CACHE_DIR"] = str(run_dir / "cache" / "triton")
+    env[STAND_IN_LOG] = str(run_dir / "stand_ins.txt")
     env["TORCH_CPPWRAP_CACHE_DIR"] = str(options.cppwrap_cache_dir)
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the test directory
     # Default: what users get (a graph ours cannot handle falls back to the
@@ -383,6 +388,8 @@ def run_mode(name: str, mode: str, options: Options) -> RunResult:
     run_dir.mkdir(parents=True, exist_ok=True)
     junit, log = run_dir / "junit.xml", run_dir / "pytest.log"
     junit.unlink(missing_ok=True)
+    stand_ins = run_dir / "stand_ins.txt"
+    stand_ins.unlink(missing_ok=True)
     started = time.monotonic()
     code = run_subprocess(
         pytest_command(name, spec, options, junit),
@@ -394,7 +401,9 @@ def run_mode(name: str, mode: str, options: Options) -> RunResult:
     seconds = time.monotonic() - started
     shutil.rmtree(run_dir / "cache", ignore_errors=True)  # caches are big; logs stay
     results = parse_junit(junit) if junit.exists() else {}
-    return RunResult(mode, code, seconds, log, results)
+    # Each xdist worker records the modules it stood in; one line per module.
+    lines = stand_ins.read_text().splitlines() if stand_ins.exists() else []
+    return RunResult(mode, code, seconds, log, results, sorted(set(lines)))
 
 
 def run_file(name: str, options: Options) -> FileReport:

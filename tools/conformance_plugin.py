@@ -19,12 +19,14 @@ loads it before it collects the test files:
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import os
 import signal
 import sys
 import types
 import unittest
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
+from importlib.machinery import ModuleSpec
 from types import FrameType
 from typing import Any
 
@@ -75,28 +77,69 @@ def _stand_in_module(name: str, reason: str) -> types.ModuleType:
     return module
 
 
-STOOD_IN: dict[str, str] = {}
+STAND_IN_LOG = "CONFORMANCE_STAND_IN_LOG"
 
 
-def _import_or_stand_in(name: str) -> None:
-    try:
-        importlib.import_module(name)
-    except Exception as error:  # ImportError, or a newer helper's TypeError
-        reason = f"{type(error).__name__}: {error}"
-        STOOD_IN[name] = reason
-        sys.modules[name] = _stand_in_module(name, reason)
+def _record_stand_in(name: str, reason: str) -> None:
+    path = os.environ.get(STAND_IN_LOG)
+    if path:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(f"{name}: {reason}\n")
 
 
-def _stand_in_unimportable() -> None:
-    for name in BORROWED:
-        _import_or_stand_in(name)
+class _StandInLoader(importlib.abc.Loader):
+    """Runs the real module; if that raises, leaves a stand-in in its place."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        try:
+            self.loader.exec_module(module)
+        except Exception as error:  # ImportError, or a newer helper's TypeError
+            reason = f"{type(error).__name__}: {error}"
+            _record_stand_in(module.__name__, reason)
+            for attr in [a for a in vars(module) if not a.startswith("__")]:
+                delattr(module, attr)
+            stand_in = _stand_in_module(module.__name__, reason)
+            module.__getattr__ = stand_in.__getattr__  # type: ignore[method-assign]
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder):
+    """Imports each BORROWED module where the borrowing file imports it.
+
+    Importing them up front would change the order in which their own
+    imports run (torchvision, for one, cannot be imported twice after a
+    failed first attempt); wrapping the loader keeps the natural order.
+    """
+
+    def find_spec(
+        self,
+        name: str,
+        path: Sequence[str] | None,
+        target: types.ModuleType | None = None,
+    ) -> ModuleSpec | None:
+        if name not in BORROWED:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _StandInLoader(spec.loader)
+                return spec
+        return None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     import conformance_backfill
 
     config.stash[BACKFILLED] = conformance_backfill.install()
-    _stand_in_unimportable()
+    if not any(isinstance(f, _StandInFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _StandInFinder())
     if _mode() != "ours":
         return
     import torch_cppwrap
@@ -111,7 +154,6 @@ BACKFILLED = pytest.StashKey[list[str]]()
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = [f"conformance mode: {_mode()}"]
     lines += [f"backfilled: {name}" for name in config.stash.get(BACKFILLED, [])]
-    lines += [f"stood in: {name} ({why})" for name, why in STOOD_IN.items()]
     return lines
 
 

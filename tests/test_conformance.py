@@ -193,7 +193,6 @@ class TestRuns(TestCase):
         return conformance.Options(
             test_dir=tmp / "tests",
             work_dir=tmp / "work",
-            cppwrap_cache_dir=tmp / "cppwrap-cache",
             keyword=keyword,
             jobs=1,
             test_timeout=300,

@@ -129,7 +129,6 @@ class FileReport:
 class Options:
     test_dir: Path
     work_dir: Path
-    cppwrap_cache_dir: Path
     keyword: str | None
     jobs: int
     test_timeout: int
@@ -346,7 +345,6 @@ def pytest_env(
     env["TORCHINDUCTOR_CACHE_DIR"] = str(run_dir / "cache" / "inductor")
     env["TRITON_CACHE_DIR"] = str(run_dir / "cache" / "triton")
     env[STAND_IN_LOG] = str(run_dir / "stand_ins.txt")
-    env["TORCH_CPPWRAP_CACHE_DIR"] = str(options.cppwrap_cache_dir)
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the test directory
     # Default: what users get (a graph ours cannot handle falls back to the
     # Python wrapper); --strict: what our generator handles on its own.
@@ -455,12 +453,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="logs, JUnit files and caches (default: a new temp dir)",
     )
     parser.add_argument(
-        "--cppwrap-cache-dir",
-        type=Path,
-        help="torch_cppwrap's runtime cache, to reuse a built one "
-        "(default: inside the work dir, deleted at the end)",
-    )
-    parser.add_argument(
         "--test-timeout",
         type=int,
         default=900,
@@ -502,11 +494,9 @@ def make_options(args: argparse.Namespace) -> Options:
     work_dir = work_dir.resolve()
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / "pytest.ini").write_text("[pytest]\n")
-    cache = args.cppwrap_cache_dir or work_dir / "cppwrap-cache"
     return Options(
         test_dir=args.test_dir.resolve(),
         work_dir=work_dir,
-        cppwrap_cache_dir=cache.resolve(),
         keyword=args.keyword,
         jobs=args.jobs,
         test_timeout=args.test_timeout,
@@ -541,11 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     files = resolve_files(args.test_dir, args.files)
     options = make_options(args)
     print(f"[conformance] work dir: {options.work_dir}", file=sys.stderr)
-    try:
-        reports = [run_file(name, options) for name in files]
-    finally:
-        if args.cppwrap_cache_dir is None:
-            shutil.rmtree(options.cppwrap_cache_dir, ignore_errors=True)
+    reports = [run_file(name, options) for name in files]
     text = render_report(reports, report_header(options))
     print(text)
     if args.out:

@@ -20,8 +20,9 @@ from typing import Any
 from torch._inductor.test_case import TestCase, run_tests
 from torch.testing._internal.common_utils import slowTest
 
-from torch_cppwrap import _patches
+from tests.common import load_script
 
+_patches = load_script("tools/patches.py")
 SITE_PACKAGES = _patches.installed_site_packages()
 TORCH_VERSION = _patches.torch_version_of(SITE_PACKAGES)
 SERIES = _patches.DEFAULT_PATCHES_DIR / _patches.series_dir_name(TORCH_VERSION)

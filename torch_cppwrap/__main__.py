@@ -15,6 +15,7 @@ import functools
 import importlib.metadata
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,8 +38,6 @@ def _seed_fn(x: Any, y: Any) -> Any:
 
 def _compile_seed(cpp_wrapper: bool, args: tuple[Any, ...]) -> tuple[Any, Any, float]:
     """(compiled function, its Inductor module, seconds to the first result)."""
-    import time
-
     import torch
     from torch._inductor.codecache import PyCodeCache
 

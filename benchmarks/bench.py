@@ -1,11 +1,1106 @@
-"""Runs torch_cppwrap's benchmark: same as ``python -m torch_cppwrap bench``.
+"""Benchmark: Inductor's Python wrapper, upstream's C++ wrapper and torch_cppwrap's
+C++ wrapper, side by side.
 
-python benchmarks/bench.py [--workloads seed,mlp] [--modes python,cppwrap] [--quick]
+    python benchmarks/bench.py [--workloads seed,mlp] [--modes python,cppwrap] [--quick]
+
+Every (workload, mode) pair is compiled twice, each time in a fresh process
+with its own TORCHINDUCTOR_CACHE_DIR: once cold (empty cache) and once warm
+(the FX graph cache now hits).  The warm process also times the calls and
+measures memory.  A worker (``python benchmarks/bench.py --worker ...``)
+prints one JSON line; the parent collects them and writes bench.md,
+bench.json and bench.png.
+
+Importing torch_cppwrap patches Inductor, and the ``python`` and ``upstream``
+modes must run without it, so this file imports torch_cppwrap only where the
+``cppwrap`` mode needs it, inside functions.
 """
 
-import sys
+from __future__ import annotations
 
-from torch_cppwrap._bench import main
+import argparse
+import contextlib
+import dataclasses
+import faulthandler
+import gc
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+RESULT_MARKER = "TORCH_CPPWRAP_BENCH_RESULT "
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------
+# Modes and workloads
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    name: str
+    label: str
+    cpp_wrapper: bool
+    imports_torch_cppwrap: bool
+    compile_mode: str | None = None
+    cuda_only: bool = False
+
+
+MODES: dict[str, Mode] = {
+    m.name: m
+    for m in (
+        Mode(
+            "python", "Python wrapper", cpp_wrapper=False, imports_torch_cppwrap=False
+        ),
+        Mode(
+            "upstream",
+            "upstream cpp_wrapper",
+            cpp_wrapper=True,
+            imports_torch_cppwrap=False,
+        ),
+        Mode("cppwrap", "torch_cppwrap", cpp_wrapper=True, imports_torch_cppwrap=True),
+        Mode(
+            "reduce-overhead",
+            "CUDA graphs (reduce-overhead)",
+            cpp_wrapper=False,
+            imports_torch_cppwrap=False,
+            compile_mode="reduce-overhead",
+            cuda_only=True,
+        ),
+    )
+}
+DEFAULT_MODES = ("python", "upstream", "cppwrap")
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    # (device) -> (callable, example inputs); the callable runs under no_grad.
+    build: Callable[[str], tuple[Callable[..., Any], tuple[Any, ...]]]
+    rtol: float = 1e-4
+    atol: float = 1e-4
+
+
+def _seed(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import torch
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x + y).sum()
+
+    return fn, (
+        torch.randn(128, 128, device=device),
+        torch.randn(128, 128, device=device),
+    )
+
+
+def _mlp(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.linear = nn.Linear(width, width)
+            self.norm = nn.LayerNorm(width)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(x + nn.functional.gelu(self.linear(x)))
+
+    model = nn.Sequential(*(Block(256) for _ in range(8))).to(device).eval()
+    return model, (torch.randn(32, 256, device=device),)
+
+
+def _transformer(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import torch
+    from torch import nn
+
+    # Eval + no_grad would otherwise take the fused fast path: one
+    # aten._transformer_encoder_layer_fwd call, leaving Inductor nothing to
+    # compile but that extern kernel.
+    torch.backends.mha.set_fastpath_enabled(False)
+    layer = nn.TransformerEncoderLayer(d_model=256, nhead=4, batch_first=True)
+    return layer.to(device).eval(), (torch.randn(8, 64, 256, device=device),)
+
+
+def _convnet(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(64, 10),
+    )
+    return model.to(device).eval(), (torch.randn(8, 3, 32, 32, device=device),)
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in (
+        Workload("seed", "(x + y).sum(), 128x128 float", _seed, rtol=1e-4, atol=1e-3),
+        Workload(
+            "mlp", "8 x (Linear 256->256, GELU, residual, LayerNorm), batch 32", _mlp
+        ),
+        Workload(
+            "transformer",
+            "TransformerEncoderLayer(d_model=256, nhead=4), batch 8, seq 64, MHA fast path off",
+            _transformer,
+            rtol=1e-3,
+            atol=1e-3,
+        ),
+        Workload(
+            "convnet",
+            "3 x (Conv2d, ReLU) + pooling + Linear, batch 8, 3x32x32",
+            _convnet,
+        ),
+    )
+}
+
+
+# --------------------------------------------------------------------------
+# Measuring
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Timing:
+    median_us: float
+    min_us: float
+    calls_per_repeat: int
+    repeats: int
+
+
+def time_per_call(
+    fn: Callable[[], Any],
+    *,
+    repeats: int,
+    target_s: float,
+    sync: Callable[[], None] = lambda: None,
+) -> Timing:
+    """Microseconds per call of `fn`: warm up, size a repeat to take about
+    `target_s`, then the median and min over `repeats` repeats."""
+
+    def run(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        return time.perf_counter() - start
+
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        n, elapsed = 1, run(1)  # the first call may still load lazily
+        # Calibrate (this is also the warm-up): grow n until a batch takes 1/5
+        # of the target, then scale it up to the target.
+        while elapsed < target_s / 5 and n < 10_000_000:
+            n *= 4
+            elapsed = run(n)
+        n = max(1, round(n * target_s / max(elapsed, 1e-9)))
+        per_call = [run(n) / n * 1e6 for _ in range(repeats)]
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return Timing(statistics.median(per_call), min(per_call), n, repeats)
+
+
+def new_compiled_modules(before: int) -> list[Any]:
+    """Wrapper modules Inductor loaded since `PyCodeCache.modules` had `before`
+    entries (one per compiled graph, on a cache miss or hit alike)."""
+    from torch._inductor.codecache import PyCodeCache
+
+    return [
+        m for m in PyCodeCache.modules[before:] if callable(getattr(m, "call", None))
+    ]
+
+
+def loaded_module_count() -> int:
+    from torch._inductor.codecache import PyCodeCache
+
+    return len(PyCodeCache.modules)
+
+
+def wrapper_kind(module: Any) -> str:
+    """Which code generator wrote an Inductor wrapper module."""
+    cache = getattr(module, "CppWrapperCodeCache", None)
+    if hasattr(module, "wrapper_src") or (
+        cache is not None and cache.__module__.startswith("torch_cppwrap")
+    ):
+        return "torch_cppwrap"
+    if hasattr(module, "inductor_entry") or hasattr(module, "cpp_wrapper_src"):
+        return "upstream-cpp"
+    return "python"
+
+
+def time_module_call(
+    module: Any, *, repeats: int, target_s: float, sync: Callable[[], None]
+) -> Timing | None:
+    """Times `module.call` alone on the module's own `get_args()` inputs
+    (random values, the graph's shapes and strides).  `call` clears the list
+    it gets, so each call gets a fresh one; that list copy is in the time."""
+    get_args = getattr(module, "get_args", None)
+    if get_args is None:
+        return None
+    try:
+        args = get_args()
+    except NameError as e:
+        # A generated module whose get_args uses `torch` without importing it;
+        # the module under test is `call`, so lend get_args the name.
+        if e.name != "torch":
+            raise
+        import torch
+
+        module.torch = torch
+        args = get_args()
+    call = module.call
+    return time_per_call(
+        lambda: call(list(args)), repeats=repeats, target_s=target_s, sync=sync
+    )
+
+
+class PeakMemory:
+    """Peak memory above a baseline.  CPU: the process's peak RSS (VmHWM,
+    reset through /proc/self/clear_refs where Linux allows, else
+    getrusage's maxrss).  CUDA: torch.cuda.max_memory_allocated."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.base = 0.0
+        self.source = ""
+
+    def reset(self) -> None:
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated() / 2**20
+            self.source = "torch.cuda.max_memory_allocated"
+            return
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current RSS
+            self.base = _proc_status_mb("VmRSS")
+            self.source = "peak RSS (VmHWM)"
+        except OSError:
+            self.base = _maxrss_mb()
+            self.source = (
+                "peak RSS (getrusage maxrss; a peak before the reset hides in it)"
+            )
+
+    def peak_mb(self) -> float:
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() / 2**20 - self.base
+        if self.source.startswith("peak RSS (VmHWM)"):
+            return _proc_status_mb("VmHWM") - self.base
+        return _maxrss_mb() - self.base
+
+
+def _proc_status_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024  # kB
+    raise OSError(f"{field} not in /proc/self/status")
+
+
+def _maxrss_mb() -> float:
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 1024
+
+
+def stop_compile_workers() -> None:
+    """Ends Inductor's compile worker processes, which otherwise may still be
+    starting up (importing torch) on other cores while we time."""
+    from torch._inductor import async_compile
+
+    shutdown = getattr(async_compile, "shutdown_compile_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def device_sync(device: str) -> Callable[[], None]:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def compare(
+    actual: Any, expected: Any, *, rtol: float, atol: float
+) -> tuple[bool, float]:
+    """(allclose for every tensor, max absolute error) over nested outputs."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    got, want = pytree.tree_leaves(actual), pytree.tree_leaves(expected)
+    if len(got) != len(want):
+        return False, float("inf")
+    ok, max_err = True, 0.0
+    for a, e in zip(got, want, strict=True):
+        if not isinstance(e, torch.Tensor):
+            ok = ok and a == e
+            continue
+        if not isinstance(a, torch.Tensor) or a.shape != e.shape or a.dtype != e.dtype:
+            return False, float("inf")
+        a, e = a.detach().float().cpu(), e.detach().float().cpu()
+        if a.numel():
+            max_err = max(max_err, (a - e).abs().max().item())
+        ok = ok and torch.allclose(a, e, rtol=rtol, atol=atol, equal_nan=True)
+    return ok, max_err
+
+
+# --------------------------------------------------------------------------
+# Worker: one compile in a fresh process
+# --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How long timing runs: repeats of about `target_s` seconds each."""
+
+    repeats: int
+    target_s: float
+
+
+FULL = Budget(repeats=7, target_s=0.2)
+QUICK = Budget(repeats=3, target_s=0.05)
+
+
+def run_worker(
+    workload: str, mode_name: str, phase: str, device: str, quick: bool
+) -> dict[str, Any]:
+    """Compiles `workload` in `mode`; the `warm` phase also times it.  The
+    caller sets TORCHINDUCTOR_CACHE_DIR."""
+    mode, spec = MODES[mode_name], WORKLOADS[workload]
+    budget = QUICK if quick else FULL
+    result: dict[str, Any] = {
+        "workload": workload,
+        "mode": mode_name,
+        "phase": phase,
+        "device": device,
+    }
+
+    if mode.imports_torch_cppwrap:
+        import torch_cppwrap
+
+        result["torch_cppwrap_patched"] = torch_cppwrap.is_patched()
+    elif "torch_cppwrap" in sys.modules:
+        raise RuntimeError(
+            f"mode {mode_name!r} must run without torch_cppwrap, but it is imported"
+        )
+    result["torch_cppwrap_imported"] = "torch_cppwrap" in sys.modules
+
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+    from torch._inductor import config
+
+    result["torch"] = torch.__version__
+    result["torch_threads"] = torch.get_num_threads()
+    config.cpp_wrapper = mode.cpp_wrapper
+    config.fx_graph_cache = True
+    sync = device_sync(device)
+
+    torch.manual_seed(0)
+    fn, args = spec.build(device)
+    with torch.no_grad():
+        expected = fn(*args)
+    compiled = torch.compile(fn, mode=mode.compile_mode)
+
+    counters.clear()
+    before = loaded_module_count()
+    memory = PeakMemory(device)
+    memory.reset()
+    start = time.perf_counter()
+    with torch.no_grad():
+        actual = compiled(*args)
+    sync()
+    result["compile_s"] = time.perf_counter() - start
+    result["fx_cache_hit"] = counters["inductor"]["fxgraph_cache_hit"]
+    result["fx_cache_counters"] = {
+        k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph")
+    }
+    result["compile_mem_peak_mb"] = memory.peak_mb()
+    result["ok"], result["max_abs_err"] = compare(
+        actual, expected, rtol=spec.rtol, atol=spec.atol
+    )
+
+    modules = new_compiled_modules(before)
+    result["graphs"] = len(modules)
+    result["wrappers"] = sorted({wrapper_kind(m) for m in modules})
+
+    if phase == "warm":
+        stop_compile_workers()
+        result["loadavg_before_timing"] = (
+            os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        )
+        with torch.no_grad():
+            e2e = time_per_call(
+                lambda: compiled(*args),
+                repeats=budget.repeats,
+                target_s=budget.target_s,
+                sync=sync,
+            )
+            result["e2e_us_median"], result["e2e_us"] = e2e.median_us, e2e.min_us
+            # CUDA graphs replay the whole graph; its module's `call` alone is
+            # not what runs, so there is nothing honest to time.
+            calls = [
+                None
+                if mode.compile_mode == "reduce-overhead"
+                else time_module_call(
+                    m, repeats=budget.repeats, target_s=budget.target_s, sync=sync
+                )
+                for m in modules
+            ]
+        timed = [c for c in calls if c is not None]
+        if timed and len(timed) == len(calls):
+            result["call_us_median"] = sum(c.median_us for c in timed)
+            result["call_us"] = sum(c.min_us for c in timed)
+        result["mem_peak_mb"] = memory.peak_mb()
+        result["mem_source"] = memory.source
+    return result
+
+
+def _worker_main(argv: Sequence[str]) -> int:
+    faulthandler.enable()  # a crash in compiled code still leaves a traceback
+    parser = argparse.ArgumentParser(prog="bench.py --worker")
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
+    parser.add_argument("--mode", required=True, choices=sorted(MODES))
+    parser.add_argument("--phase", required=True, choices=("cold", "warm"))
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true")
+    ns = parser.parse_args(argv)
+    try:
+        result = run_worker(ns.workload, ns.mode, ns.phase, ns.device, ns.quick)
+    except Exception as e:
+        result = {
+            "workload": ns.workload,
+            "mode": ns.mode,
+            "phase": ns.phase,
+            "error": f"{type(e).__name__}: {e}",
+            "traceback": traceback.format_exc(),
+        }
+    sys.stdout.flush()
+    print(RESULT_MARKER + json.dumps(result), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------
+
+
+def worker_command(
+    workload: str, mode: str, phase: str, device: str, quick: bool
+) -> list[str]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker"]
+    cmd += [
+        "--workload",
+        workload,
+        "--mode",
+        mode,
+        "--phase",
+        phase,
+        "--device",
+        device,
+    ]
+    return [*cmd, "--quick"] if quick else cmd
+
+
+def spawn_worker(
+    workload: str,
+    mode: str,
+    phase: str,
+    *,
+    device: str,
+    quick: bool,
+    cache_dir: str,
+    timeout_s: float,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    env = dict(
+        os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHINDUCTOR_FX_GRAPH_CACHE="1"
+    )
+    # The cppwrap mode imports the torch_cppwrap of this checkout, installed
+    # or not.
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, (package_root, env.get("PYTHONPATH")))
+    )
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    cmd = worker_command(workload, mode, phase, device, quick)
+    try:
+        proc = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s", "command": " ".join(cmd)}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            return json.loads(line[len(RESULT_MARKER) :])
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    status = str(proc.returncode)
+    if proc.returncode < 0:
+        with contextlib.suppress(ValueError):
+            status += f" ({signal.Signals(-proc.returncode).name})"
+    return {
+        "error": f"worker exited with status {status} and printed no result (its output is in bench.json)",
+        "output_tail": tail,
+        "command": " ".join(cmd),
+    }
+
+
+def prepare_torch_cppwrap(cache_dir: str | None = None, device: str = "cpu") -> None:
+    """Builds torch_cppwrap's runtime extension and precompiled headers into
+    Inductor's cache `cache_dir` (default: the current one) now, so that they
+    are not billed to the first cold compile there, as upstream's precompiled
+    headers, kept in Inductor's default cache directory whatever
+    TORCHINDUCTOR_CACHE_DIR says, are not billed to its."""
+    try:
+        import torch_cppwrap  # noqa: F401
+        from torch_cppwrap._inductor import codecache
+    except ImportError as e:  # pragma: no cover - broken install
+        progress(f"note: could not prepare torch_cppwrap's runtime ({e})")
+        return
+    env = {"TORCHINDUCTOR_CACHE_DIR": cache_dir} if cache_dir else {}
+    with mock.patch.dict(os.environ, env):
+        codecache.prepare_runtime(device)
+
+
+def _merge(
+    workload: str, mode: str, cold: dict[str, Any], warm: dict[str, Any]
+) -> dict[str, Any]:
+    record: dict[str, Any] = {"workload": workload, "mode": mode}
+    errors = [
+        f"{phase}: {r['error'].strip().splitlines()[0]}"
+        for phase, r in (("cold", cold), ("warm", warm))
+        if "error" in r
+    ]
+    record["error"] = "; ".join(errors) or None
+    record["ok"] = None if errors else bool(cold.get("ok") and warm.get("ok"))
+    record["cold_compile_s"] = cold.get("compile_s")
+    record["warm_compile_s"] = warm.get("compile_s")
+    for key in (
+        "e2e_us",
+        "e2e_us_median",
+        "call_us",
+        "call_us_median",
+        "mem_peak_mb",
+        "graphs",
+        "wrappers",
+    ):
+        record[key] = warm.get(key)
+    record["max_abs_err"] = max(
+        cold.get("max_abs_err") or 0.0, warm.get("max_abs_err") or 0.0
+    )
+    record["warm_fx_cache_hit"] = bool(warm.get("fx_cache_hit"))
+    record["cold"], record["warm"] = cold, warm
+    return record
+
+
+def run_bench(
+    workloads: Sequence[str],
+    modes: Sequence[str],
+    *,
+    device: str,
+    quick: bool,
+    timeout_s: float,
+    threads: int | None = None,
+    on_record: Callable[[dict[str, Any]], object] | None = None,
+    rounds: int = 1,
+) -> dict[str, Any]:
+    """Runs every workload in every mode: a cold compile per mode, then
+    `rounds` rounds of warm compile + timing per mode.  `on_record` gets the
+    report so far after each round, so an interrupted run keeps its rows."""
+    records: list[dict[str, Any]] = []
+    steps = len(workloads) * len(modes) * (1 + rounds)
+    step = 0
+
+    def run(workload: str, mode: str, phase: str, cache_dir: str) -> dict[str, Any]:
+        nonlocal step
+        step += 1
+        what = "cold compile" if phase == "cold" else "warm compile + timing"
+        if phase == "warm" and rounds > 1:
+            what += f" (round {len(warm[mode]) + 1}/{rounds})"
+        progress(f"[{step}/{steps}] {workload} / {mode}: {what}...")
+        r = spawn_worker(
+            workload,
+            mode,
+            phase,
+            device=device,
+            quick=quick,
+            cache_dir=cache_dir,
+            timeout_s=timeout_s,
+            threads=threads,
+        )
+        progress("    " + _summary(r))
+        return r
+
+    for workload in workloads:
+        cache_dirs = {
+            mode: tempfile.mkdtemp(prefix=f"cppwrap-bench-{workload}-{mode}-")
+            for mode in modes
+        }
+        cold: dict[str, dict[str, Any]] = {}
+        warm: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+        done = len(records)
+        try:
+            if "cppwrap" in modes:
+                progress("preparing torch_cppwrap's runtime in its cache...")
+                prepare_torch_cppwrap(cache_dirs["cppwrap"], device)
+            for mode in modes:
+                cold[mode] = run(workload, mode, "cold", cache_dirs[mode])
+            # Timing rounds alternate the order of the modes, so that a slow
+            # spell of the machine does not land on one mode only.
+            for round_ in range(rounds):
+                for mode in modes if round_ % 2 == 0 else list(reversed(modes)):
+                    warm[mode].append(run(workload, mode, "warm", cache_dirs[mode]))
+                records[done:] = [
+                    {
+                        **_merge(workload, mode, cold[mode], _best_round(warm[mode])),
+                        "warm_rounds": list(warm[mode]),
+                    }
+                    for mode in modes
+                ]
+                if on_record is not None:
+                    on_record(_report(device, quick, workloads, modes, records))
+        finally:
+            for cache_dir in cache_dirs.values():
+                shutil.rmtree(cache_dir, ignore_errors=True)
+    return _report(device, quick, workloads, modes, records)
+
+
+TIMED = ("compile_s", "e2e_us", "e2e_us_median", "call_us", "call_us_median")
+
+
+def _best_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One warm result from several rounds: the first round's, with each time
+    the fastest any round measured (an error in any round is kept)."""
+    best = dict(rounds[0])
+    for r in rounds[1:]:
+        if "error" in r and "error" not in best:
+            best["error"] = r["error"]
+        for key in TIMED:
+            if r.get(key) is not None and (best.get(key) is None or r[key] < best[key]):
+                best[key] = r[key]
+    best["ok"] = all(r.get("ok") for r in rounds)
+    best["rounds"] = len(rounds)
+    return best
+
+
+def _report(
+    device: str,
+    quick: bool,
+    workloads: Sequence[str],
+    modes: Sequence[str],
+    records: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "meta": _meta(device, quick, workloads, modes, records),
+        "results": list(records),
+        "ratios": ratios(records),
+    }
+
+
+def _summary(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return "FAILED: " + r["error"].splitlines()[0][:300]
+    parts = [
+        f"compile {r['compile_s']:.2f} s",
+        "matches eager" if r["ok"] else "MISMATCH vs eager",
+    ]
+    if r.get("e2e_us") is not None:
+        parts.append(f"e2e {r['e2e_us']:.1f} us")
+    if r.get("call_us") is not None:
+        parts.append(f"call {r['call_us']:.1f} us")
+    if r.get("wrappers"):
+        parts.append("wrapper: " + ",".join(r["wrappers"]))
+    return ", ".join(parts)
+
+
+def _meta(
+    device: str,
+    quick: bool,
+    workloads: Sequence[str],
+    modes: Sequence[str],
+    records: Sequence[dict[str, Any]],
+) -> dict[str, Any]:
+    import torch
+
+    budget = QUICK if quick else FULL
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": device,
+        "device_name": torch.cuda.get_device_name()
+        if device == "cuda"
+        else platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        # what the workers ran with (OMP_NUM_THREADS / --threads)
+        "torch_threads": next(
+            (
+                r["warm"].get("torch_threads")
+                for r in records
+                if "torch_threads" in r["warm"]
+            ),
+            None,
+        ),
+        "quick": quick,
+        "rounds": max((r["warm"].get("rounds", 1) for r in records), default=1),
+        "repeats": budget.repeats,
+        "repeat_target_s": budget.target_s,
+        "workloads": {w: WORKLOADS[w].description for w in workloads},
+        "modes": {m: MODES[m].label for m in modes},
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "max_loadavg_before_timing": max(
+            (r["warm"].get("loadavg_before_timing") or 0.0 for r in records),
+            default=None,
+        ),
+    }
+
+
+RATIO_METRICS = (
+    ("call_us", "call"),
+    ("e2e_us", "e2e"),
+    ("cold_compile_s", "cold compile"),
+    ("warm_compile_s", "warm compile"),
+)
+
+
+def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """torch_cppwrap's metric divided by the Python wrapper's and upstream's,
+    per workload (below 1: torch_cppwrap is faster)."""
+    by_key = {(r["workload"], r["mode"]): r for r in records}
+    rows = []
+    for workload in dict.fromkeys(r["workload"] for r in records):
+        ours = by_key.get((workload, "cppwrap"))
+        if ours is None:
+            continue
+        row: dict[str, Any] = {"workload": workload}
+        for base in ("python", "upstream"):
+            other = by_key.get((workload, base))
+            for metric, _ in RATIO_METRICS:
+                a = ours.get(metric)
+                b = other.get(metric) if other else None
+                row[f"{metric}/{base}"] = a / b if a is not None and b else None
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def markdown(report: dict[str, Any]) -> str:
+    meta, records = report["meta"], report["results"]
+    memory = "CUDA max_memory_allocated" if meta["device"] == "cuda" else "peak RSS"
+    lines = [
+        "# torch_cppwrap benchmark",
+        "",
+        f"torch {meta['torch']}, Python {meta['python']}, device {meta['device']} "
+        f"({meta['device_name']}, {meta['cpu_count']} CPUs, {meta['torch_threads']} torch threads), "
+        f"{meta['date']}{', --quick' if meta['quick'] else ''}.",
+        "",
+        "| workload | mode | matches eager | cold compile s | warm compile s | e2e µs/call | `call` µs/call | peak MB |",
+        "|---|---|---|--:|--:|--:|--:|--:|",
+    ]
+    for r in records:
+        ok = "FAIL" if r["error"] else ("yes" if r["ok"] else "**NO**")
+        lines.append(
+            f"| {r['workload']} | {r['mode']} | {ok} | {_fmt(r['cold_compile_s'], 2)} "
+            f"| {_fmt(r['warm_compile_s'], 2)} | {_fmt(r['e2e_us'])} | {_fmt(r['call_us'])} "
+            f"| {_fmt(r['mem_peak_mb'])} |"
+        )
+    if any(
+        v is not None
+        for row in report["ratios"]
+        for k, v in row.items()
+        if k != "workload"
+    ):
+        header = " | ".join(
+            f"{label} ours/{base}"
+            for base in ("python", "upstream")
+            for _, label in RATIO_METRICS
+        )
+        lines += [
+            "",
+            "Ratios, torch_cppwrap / other (below 1: torch_cppwrap is faster):",
+            "",
+            f"| workload | {header} |",
+            "|---|" + "--:|" * (2 * len(RATIO_METRICS)),
+        ]
+        for row in report["ratios"]:
+            cells = " | ".join(
+                _fmt(row[f"{metric}/{base}"], 2)
+                for base in ("python", "upstream")
+                for metric, _ in RATIO_METRICS
+            )
+            lines.append(f"| {row['workload']} | {cells} |")
+    lines += [
+        "",
+        "- modes: " + "; ".join(f"`{k}` = {v}" for k, v in meta["modes"].items()) + ".",
+        "- cold compile: the first call in a fresh process with an empty TORCHINDUCTOR_CACHE_DIR "
+        "(torch_cppwrap's runtime extension and precompiled headers are built into it "
+        "beforehand, as upstream keeps its precompiled headers in Inductor's default cache "
+        "directory; every mode probes the vector ISA in its fresh cache, as Inductor does); "
+        "warm compile: the "
+        "same in another fresh process on that cache (FX graph cache hit).",
+        f"- e2e: one call of the torch.compile'd function; `call`: the compiled Inductor module's "
+        f"`call(list(args))` alone, on its `get_args()` inputs, summed over graphs. The fastest of "
+        f"{meta['repeats']} repeats of ~{meta['repeat_target_s']} s each, after warm-up (medians in "
+        "bench.json); inference under torch.no_grad().",
+        f"- rounds: {meta.get('rounds', 1)} (warm processes per mode, the modes in alternating "
+        "order); each warm time above is the fastest round's, every round is in bench.json.",
+        f"- peak MB: rise of the warm process's {memory} from just before its first call "
+        "(loading the cached graph included) to the end of timing.",
+    ]
+    load = meta.get("max_loadavg_before_timing")
+    if load and meta["cpu_count"] and load > meta["cpu_count"]:
+        lines.append(
+            f"- the machine was busy (1-minute load average up to {load:.1f} on "
+            f"{meta['cpu_count']} CPUs before timing): expect noisy times"
+            + (
+                "; `--threads 1` steadies them."
+                if (meta["torch_threads"] or 1) > 1
+                else "."
+            )
+        )
+    failures = [
+        r
+        for r in records
+        if r["error"]
+        or r["ok"] is False
+        or (r["error"] is None and not r["warm_fx_cache_hit"])
+    ]
+    if failures:
+        lines += ["", "## Problems", ""]
+        for r in failures:
+            if r["error"]:
+                lines.append(f"- {r['workload']} / {r['mode']}: {r['error']}")
+            elif r["ok"] is False:
+                lines.append(
+                    f"- {r['workload']} / {r['mode']}: output differs from eager (max abs err {r['max_abs_err']:.3g})"
+                )
+            else:
+                lines.append(
+                    f"- {r['workload']} / {r['mode']}: the warm compile did not hit the FX graph cache"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict[str, Any], path: Path) -> bool:
+    """Writes a bar chart per metric; False (with a note) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        progress(
+            "note: matplotlib is not installed, so no plot was written (pip install matplotlib)"
+        )
+        return False
+    records = report["results"]
+    workloads = list(dict.fromkeys(r["workload"] for r in records))
+    modes = list(dict.fromkeys(r["mode"] for r in records))
+    by_key = {(r["workload"], r["mode"]): r for r in records}
+    metrics = [
+        ("call_us", "`call` µs/call (log)", True),
+        ("e2e_us", "end-to-end µs/call (log)", True),
+        ("cold_compile_s", "cold compile s", False),
+        ("warm_compile_s", "warm compile s", False),
+    ]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    width = 0.8 / max(len(modes), 1)
+    for ax, (metric, title, log) in zip(axes.flat, metrics, strict=True):
+        for i, mode in enumerate(modes):
+            values = [by_key.get((w, mode), {}).get(metric) for w in workloads]
+            xs = [x + (i - (len(modes) - 1) / 2) * width for x in range(len(workloads))]
+            bars = ax.bar(xs, [v or 0.0 for v in values], width, label=mode)
+            for bar, value in zip(bars, values, strict=True):
+                if value is None:  # failed, or not measured in this mode
+                    ax.annotate(
+                        "n/a",
+                        (bar.get_x() + width / 2, 0),
+                        xycoords=("data", "axes fraction"),
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                        rotation=90,
+                    )
+        ax.set_title(title)
+        ax.set_xticks(range(len(workloads)), workloads)
+        if log:
+            ax.set_yscale("log")
+    axes.flat[0].legend()
+    meta = report["meta"]
+    fig.suptitle(f"torch_cppwrap benchmark: torch {meta['torch']}, {meta['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(report: dict[str, Any], out: Path, *, final: bool = True) -> str:
+    """Writes bench.md and bench.json (and, when `final`, the plot)."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(report)
+    (out / "bench.md").write_text(text)
+    (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    if not final:
+        return text
+    if plot(report, out / "bench.png"):
+        progress(f"wrote {out / 'bench.png'}")
+    progress(f"wrote {out / 'bench.md'} and {out / 'bench.json'}")
+    return text
+
+
+# --------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------
+
+
+def _csv(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workloads",
+        type=_csv,
+        default=list(WORKLOADS),
+        help=f"comma-separated, from {','.join(WORKLOADS)}",
+    )
+    parser.add_argument(
+        "--modes",
+        type=_csv,
+        default=None,
+        help=f"comma-separated, from {','.join(MODES)} (default: {','.join(DEFAULT_MODES)}, "
+        "plus reduce-overhead on cuda)",
+    )
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench_results"),
+        help="default: ./bench_results",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer, shorter timing repeats"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="warm compile + timing processes per mode, in alternating order; "
+        "each time reported is the fastest round's (default: 2)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds per worker process"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="OMP_NUM_THREADS for the workers (default: torch's choice)",
+    )
+
+
+def run_from_args(ns: argparse.Namespace) -> int:
+    unknown = [w for w in ns.workloads if w not in WORKLOADS] + [
+        m for m in ns.modes or () if m not in MODES
+    ]
+    if unknown:
+        progress(f"error: unknown workload or mode: {', '.join(unknown)}")
+        return 2
+    if ns.rounds < 1:
+        progress(f"error: --rounds must be at least 1, got {ns.rounds}")
+        return 2
+    if ns.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            progress("error: --device cuda, but CUDA is not available")
+            return 2
+    modes = ns.modes or [
+        *DEFAULT_MODES,
+        *(["reduce-overhead"] if ns.device == "cuda" else []),
+    ]
+    skipped = [m for m in modes if MODES[m].cuda_only and ns.device != "cuda"]
+    if skipped:
+        progress(f"note: skipping {', '.join(skipped)} (CUDA only) on {ns.device}")
+    modes = [m for m in modes if m not in skipped]
+    started = time.perf_counter()
+    report = run_bench(
+        ns.workloads,
+        modes,
+        device=ns.device,
+        quick=ns.quick,
+        timeout_s=ns.timeout,
+        threads=ns.threads,
+        rounds=ns.rounds,
+        # Rows so far, rewritten after each one: a run stopped by a time limit
+        # still leaves its table behind.
+        on_record=lambda partial: write_report(partial, ns.out, final=False),
+    )
+    report["meta"]["total_s"] = time.perf_counter() - started
+    print(write_report(report, ns.out))
+    progress(f"done in {report['meta']['total_s']:.0f} s")
+    failed = [r for r in report["results"] if r["error"] or r["ok"] is False]
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--worker" in argv:
+        return _worker_main(argv)
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/bench.py",
+        description="Python wrapper vs upstream cpp_wrapper vs torch_cppwrap, side by side.",
+    )
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

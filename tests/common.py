@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from unittest import mock
 
@@ -21,6 +24,22 @@ from torch._inductor.utils import run_and_get_code
 import torch_cppwrap  # the import patches Inductor
 from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def load_script(relative_path: str) -> ModuleType:
+    """A script of the repository that is not part of the package
+    (tools/patches.py, benchmarks/bench.py), loaded by path as a module named
+    after its file."""
+    path = REPO / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
 
 # Where the suite keeps torch_cppwrap's once-per-cache artefacts between runs:
 # the Inductor cache the suite was started with (conftest.py points it under

@@ -16,3 +16,7 @@ os.environ.setdefault("TORCH_CPPWRAP_STRICT", "1")
 # gives each test a fresh cache; tests.common.seed_cache() links them in.
 _TEST_CACHE = os.path.join(tempfile.gettempdir(), f"torch_cppwrap-tests-{os.getuid()}")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_TEST_CACHE, "inductor"))
+# Tools that cache under the user's home by default follow it there too
+# (Triton's kernel cache, ~/.triton; anything that honours XDG, ~/.cache).
+os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(_TEST_CACHE, "triton"))
+os.environ.setdefault("XDG_CACHE_HOME", os.path.join(_TEST_CACHE, "xdg-cache"))

@@ -6,31 +6,18 @@ file, in a temporary directory, through both modes.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from torch._inductor.test_case import TestCase, run_tests
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "conformance.py"
+from tests.common import load_script
 
-
-def load_tool() -> ModuleType:
-    """tools/ is not a package (nothing users import): load the script by path."""
-    spec = importlib.util.spec_from_file_location("conformance", TOOL)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-conformance = load_tool()
+conformance = load_script("tools/conformance.py")
 
 COMPILE_LOG = textwrap.dedent(
     """\

@@ -30,6 +30,20 @@ class TestInstall(TestCase):
             dependencies = tomllib.load(f)["project"]["dependencies"]
         self.assertIn("numpy", [d.split(">")[0].split("=")[0] for d in dependencies])
 
+    @unittest.skipIf(sys.version_info < (3, 11), "tomllib is new in Python 3.11")
+    def test_triton_comes_with_the_cuda_extra_only(self) -> None:
+        # The CUDA wrapper needs it; a CPU install must not pull it in.
+        import tomllib
+
+        with open(REPO / "pyproject.toml", "rb") as f:
+            project = tomllib.load(f)["project"]
+        extras = project["optional-dependencies"]
+        self.assertIn("triton", extras["cuda"])
+        for name, requirements in [("dependencies", project["dependencies"])] + [
+            (extra, extras[extra]) for extra in extras if extra != "cuda"
+        ]:
+            self.assertFalse(any(r.startswith("triton") for r in requirements), name)
+
 
 class TestCommandLine(TestCase):
     def run_cli(self, *args: str) -> subprocess.CompletedProcess[str]:

@@ -16,12 +16,14 @@ import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from torch._inductor.test_case import TestCase, run_tests
 from torch.testing._internal.common_utils import slowTest
 
-from torch_cppwrap import _patches
+from tests.common import load_script
 
+_patches = load_script("tools/patches.py")
 SITE_PACKAGES = _patches.installed_site_packages()
 TORCH_VERSION = _patches.torch_version_of(SITE_PACKAGES)
 SERIES = _patches.DEFAULT_PATCHES_DIR / _patches.series_dir_name(TORCH_VERSION)
@@ -37,21 +39,19 @@ PATCHED_TORCH_SCRIPT = textwrap.dedent(
     from torch._inductor import config
     from torch._inductor.codegen import common
     from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
-    from torch._inductor.codegen.cpp_wrapper_cpu_aoti import (
-        CppWrapperCpu as AotiCppWrapperCpu,
-    )
+    from torch._inductor.codegen.cpp_wrapper_cpu_jit import CppWrapperCpuJit
     from torch._inductor.utils import run_and_get_code
 
     common.init_backend_registration()
     report = {
         "torch_file": torch.__file__,
-        "wrapper_file": sys.modules[CppWrapperCpu.__module__].__file__,
+        "wrapper_file": sys.modules[CppWrapperCpuJit.__module__].__file__,
         "jit_is_ours": common.get_wrapper_codegen_for_device("cpu", True)
-        is CppWrapperCpu,
+        is CppWrapperCpuJit,
         "aot_keeps_upstream": common.get_wrapper_codegen_for_device(
             "cpu", True, aot_mode=True
         )
-        is AotiCppWrapperCpu,
+        is CppWrapperCpu,
         "cases": {},
     }
 
@@ -64,7 +64,7 @@ PATCHED_TORCH_SCRIPT = textwrap.dedent(
     for name, (fn, *args) in cases.items():
         torch._dynamo.reset()
         with config.patch(cpp_wrapper=True), mock.patch.object(
-            CppWrapperCpu, "create", wraps=CppWrapperCpu.create
+            CppWrapperCpuJit, "create", wraps=CppWrapperCpuJit.create
         ) as create:
             actual, codes = run_and_get_code(torch.compile(fn), *args)
         torch.testing.assert_close(actual, fn(*args), rtol=1e-4, atol=1e-4)
@@ -89,9 +89,7 @@ AOT_SCRIPT = textwrap.dedent(
 
     import torch
     from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
-    from torch._inductor.codegen.cpp_wrapper_cpu_aoti import (
-        CppWrapperCpu as AotiCppWrapperCpu,
-    )
+    from torch._inductor.codegen.cpp_wrapper_cpu_jit import CppWrapperCpuJit
 
 
     class Model(torch.nn.Module):
@@ -101,9 +99,9 @@ AOT_SCRIPT = textwrap.dedent(
 
     model, args = Model(), (torch.randn(8, 8), torch.randn(8, 8))
     with mock.patch.object(
-        CppWrapperCpu, "create", wraps=CppWrapperCpu.create
+        CppWrapperCpuJit, "create", wraps=CppWrapperCpuJit.create
     ) as ours, mock.patch.object(
-        AotiCppWrapperCpu, "create", wraps=AotiCppWrapperCpu.create
+        CppWrapperCpu, "create", wraps=CppWrapperCpu.create
     ) as upstream:
         path = torch._inductor.aoti_compile_and_package(
             torch.export.export(model, args),
@@ -174,8 +172,56 @@ class TestPatchSeries(TestCase):
                 name.startswith(f"{index:04d}-") and name.endswith(".patch")
             )
             text = (SERIES / name).read_text()
-            self.assertIn(f"Subject: [PATCH {index}/{len(names)}] inductor: ", text)
+            self.assertRegex(
+                text, rf"\nSubject: \[PATCH 0*{index}/{len(names)}\] \[inductor\] "
+            )
             self.assertIn("diff --git a/torch/", text)
+
+    def test_each_patch_is_small_or_one_file(self) -> None:
+        # A patch over the limit adds a single module, which cannot be split.
+        for name in _patches.read_series(SERIES):
+            text = (SERIES / name).read_text()
+            if _patches.changed_lines(text) > _patches.PATCH_LINE_LIMIT:
+                self.assertEqual(len(_patches._touched_paths(text)), 1, name)
+
+    def test_upstream_files_keep_their_names(self) -> None:
+        # Nothing upstream is renamed or removed: importers outside the tree
+        # (XPU, MTIA, PrivateUse1 backends) keep working.
+        for name in _patches.read_series(SERIES):
+            text = (SERIES / name).read_text()
+            self.assertNotIn("\nrename from ", text, name)
+            self.assertNotIn("\ndeleted file mode ", text, name)
+            for path in _patches._touched_paths(text):
+                self.assertFalse(
+                    path.endswith(("/cpp_wrapper_cpu.py", "/cpp_wrapper_gpu.py")),
+                    f"{name} changes upstream's {path}",
+                )
+
+    def test_a_module_in_no_patch_stops_the_export(self) -> None:
+        without_spellings = tuple(
+            patch
+            for patch in _patches.SERIES
+            if "_inductor/codegen/shim_args.py" not in patch.files
+        )
+        with (
+            mock.patch.object(_patches, "SERIES", without_spellings),
+            self.assertRaisesRegex(
+                _patches.PatchError, r"torch_cppwrap/_inductor/codegen/shim_args.py"
+            ),
+        ):
+            _patches.placements(_patches.Tree(SITE_PACKAGES))
+
+    def test_our_classes_get_names_of_their_own(self) -> None:
+        self.assertEqual(
+            _patches.rename_classes("class CppWrapperGpu(CppWrapperCpu):", "x.py"),
+            "class CppWrapperGpuJit(CppWrapperCpuJit):",
+        )
+        # Upstream's class would be renamed too: refused.
+        with self.assertRaisesRegex(_patches.PatchError, "refers to upstream"):
+            _patches.rename_classes(
+                "from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu",
+                "x.py",
+            )
 
     def test_applying_leaves_the_installed_torch_alone(self) -> None:
         common = SITE_PACKAGES / "torch/_inductor/codegen/common.py"
@@ -188,9 +234,11 @@ class TestPatchSeries(TestCase):
             # torch, not copies.
             self.assertTrue((tree / "torch/_inductor/lowering.py").is_symlink())
             self.assertIn("aot_mode: bool = False", patched.read_text())
-            self.assertTrue(
-                (tree / "torch/_inductor/codegen/cpp_wrapper_cpu_aoti.py").is_file()
-            )
+            codegen = tree / "torch/_inductor/codegen"
+            self.assertTrue((codegen / "cpp_wrapper_cpu_jit.py").is_file())
+            # Upstream's own wrappers are left as they are.
+            self.assertTrue((codegen / "cpp_wrapper_cpu.py").is_symlink())
+            self.assertTrue((codegen / "cpp_wrapper_gpu.py").is_symlink())
         self.assertEqual(hashlib.sha256(common.read_bytes()).hexdigest(), before)
 
 

@@ -66,8 +66,8 @@ def get_original(owner: Any, name: str) -> Any:
 @functools.cache
 def source_fingerprint() -> str:
     """SHA-256 of the sources that shape generated code (the _inductor tree,
-    this module and _compat): part of every FX-graph cache key.  The CLI,
-    benchmark and patch tooling are left out so editing them keeps caches."""
+    this module and _compat): part of every FX-graph cache key.  The command
+    line is left out, so that editing it keeps caches."""
     root = Path(__file__).resolve().parent
     paths = [root / "_patching.py", root / "_compat.py"]
     paths += (root / "_inductor").rglob("*")

@@ -34,7 +34,7 @@ def child(workload: str, mode: str, out: Path) -> dict[str, Any]:
 
     # As a file: importing the package would patch Inductor in every mode.
     spec = importlib.util.spec_from_file_location(
-        "cppwrap_bench", ROOT / "torch_cppwrap" / "_bench.py"
+        "cppwrap_bench", ROOT / "benchmarks" / "bench.py"
     )
     assert spec is not None and spec.loader is not None
     _bench = importlib.util.module_from_spec(spec)

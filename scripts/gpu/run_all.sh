@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU check in one go, for one call of the device tool:
 #   the runtime extension's build, tests/test_gpu.py, the profile of one call
-#   (scripts/gpu/profile_call.py) and the benchmark (python -m torch_cppwrap
-#   bench --device cuda).
+#   (scripts/gpu/profile_call.py) and the benchmark (python benchmarks/bench.py
+#   --device cuda).
 # Logs and results go under $OUT (default /tmp/cppwrap_gpu_out).
 #
 #   PYTHONUNBUFFERED=1 bash scripts/gpu/run_all.sh 2>&1 | tee $OUT/log
@@ -55,10 +55,10 @@ if has_step profile; then
 fi
 
 if has_step bench; then
-    echo "== benchmark (python -m torch_cppwrap bench --device cuda)"
+    echo "== benchmark (python benchmarks/bench.py --device cuda)"
     # One timing round per mode unless BENCH_ARGS asks for more: upstream's
     # warm compile alone takes ~27 s here, and a device call ends at 600 s.
-    timeout "${BENCH_TIMEOUT:-400}" $PYTHON -m torch_cppwrap bench --device cuda \
+    timeout "${BENCH_TIMEOUT:-400}" $PYTHON benchmarks/bench.py --device cuda \
         --out "$OUT/bench" --rounds 1 ${BENCH_ARGS:-}
     echo "benchmark exit status: $?"
 fi

@@ -1,41 +1,53 @@
 """torch_cppwrap as a patch series against torch's own ``torch/_inductor``.
 
-``python -m torch_cppwrap patches export`` writes ``patches/torch-<X.Y>/``: a
-few ``git format-patch`` files and a quilt-style ``series`` that turn the
-installed torch's Python sources into torch_cppwrap's, the way an upstream
-pull request would.  ``check`` fails when the committed series is stale
-(differs from what ``export`` produces now) or does not apply cleanly.
+    python tools/patches.py export [--site-packages DIR]   # write patches/torch-<X.Y>/
+    python tools/patches.py check [--site-packages DIR]    # exit 1 if stale or broken
+    python tools/patches.py apply DIR                      # a patched torch overlay
 
-Where our files go (the layout of ``torch_cppwrap/_inductor/`` mirrors
-upstream's ``torch/_inductor/``, so most files keep their relative path):
+``export`` writes ``patches/torch-<X.Y>/``: ``git format-patch`` files and a
+quilt-style ``series`` that turn the installed torch's Python sources into
+torch_cppwrap's, the way an upstream pull request would.  ``check`` fails when
+the committed series is stale (differs from what ``export`` produces now) or
+does not apply cleanly.
 
-* ``_inductor/codegen/*.py`` -> ``torch/_inductor/codegen/``.  Our
-  ``cpp_wrapper_cpu.py`` and ``cpp_wrapper_gpu.py`` replace upstream's, whose
-  C-shim wrappers (what AOTInductor packages, and the base of the MPS, XPU and
-  MTIA wrappers) move to ``cpp_wrapper_cpu_aoti.py`` and
-  ``cpp_wrapper_gpu_aoti.py`` (see ``JIT_WRAPPERS``).
-* ``_inductor/runtime/*.h|.cpp`` -> ``torch/_inductor/runtime/``, the
-  package that already holds what generated code needs at run time; the
-  runtime extension becomes ``torch._inductor.runtime._C``.
-* ``_inductor/codecache.py`` -> ``torch/_inductor/cppwrap_codecache.py``, a new
-  module: upstream's ``codecache.py`` keeps its own ``CppWrapperCodeCache``,
-  which the C-shim wrappers still load their JIT modules through, so
-  replacing or shadowing it would break MPS and XPU; the new module leaves
-  ``codecache.py`` untouched (zero lines of diff there).
-* ``_compat.py`` -> ``torch/_inductor/cppwrap_compat.py``.
+The series is a table, :data:`SERIES`: each patch names the package's files
+it adds and the edit it makes to upstream's files.  A new module of the
+package goes into one patch's ``files`` (one line); a module in no patch
+stops the export, naming itself.
 
-Registration is done the upstream way: ``init_backend_registration`` registers
-our wrappers for cpu and cuda, and ``get_wrapper_codegen_for_device`` takes the
+Our files are added beside upstream's; no upstream file is moved or renamed,
+so AOTInductor and every out-of-tree importer (XPU, MTIA, PrivateUse1
+backends) keep their paths and classes:
+
+* ``_inductor/codegen/cpp_wrapper_cpu.py`` and ``cpp_wrapper_gpu.py`` ->
+  ``torch/_inductor/codegen/cpp_wrapper_cpu_jit.py`` and
+  ``cpp_wrapper_gpu_jit.py``, their classes renamed ``CppWrapperCpuJit`` and
+  ``CppWrapperGpuJit`` (upstream's own variant is ``cpp_wrapper_cpu_array_ref``
+  / ``CppWrapperCpuArrayRef``), so that torch has one class of each name
+  (see :data:`JIT_WRAPPERS`);
+* the other ``_inductor/codegen/*.py`` -> ``torch/_inductor/codegen/``;
+* ``_inductor/runtime/*.h|.cpp`` -> ``torch/_inductor/runtime/``, the package
+  that already holds what generated code needs at run time; the runtime
+  extension becomes ``torch._inductor.runtime._C``;
+* modules whose name would be ambiguous there get a ``cppwrap_`` prefix
+  (:data:`TARGETS`): ``_inductor/codecache.py`` ->
+  ``torch/_inductor/cppwrap_codecache.py`` (upstream's ``codecache.py`` keeps
+  its ``CppWrapperCodeCache`` for the C-shim wrappers), ``_compat.py`` ->
+  ``cppwrap_compat.py``, ...
+
+The last patch registers our wrappers for JIT graphs on cpu and cuda in
+``init_backend_registration``; ``get_wrapper_codegen_for_device`` takes the
 graph's ``aot_mode`` so that AOTInductor keeps the C-shim wrappers it packages
-into a model .so (what ``_patching.py``'s selectors do at run time); the
-``try_get_kernel_name`` check in ``ir.py`` accepts both kinds.  The FX-graph
-cache needs no tag pass there: ``codecache.torch_key()`` already hashes
-torch's Python sources, ours included, and torch's version (the runtime
-headers could join its ``extra_files`` for development builds).
+into a model .so (what ``torch_cppwrap/_patching.py``'s selectors do at run
+time).  The FX-graph cache needs no tag there: ``codecache.torch_key()``
+already hashes torch's Python sources, ours included.
 
 The edits to upstream files are anchored on what they change and fail with a
 clear message when an anchor is missing, so a new torch release either
 exports cleanly or says which edit needs attention.
+
+This tool is not part of the package and never imports it (the import patches
+torch): it reads the package's files.
 """
 
 from __future__ import annotations
@@ -49,22 +61,26 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from torch_cppwrap import _compat
-
 _Node = TypeVar("_Node", bound=ast.AST)
 
-PACKAGE_ROOT = Path(__file__).resolve().parent
-DEFAULT_PATCHES_DIR = PACKAGE_ROOT.parent / "patches"
-SERIES_FILE = "series"
-
-# Our package's name as it appears in sources, and the dotted names it is
-# rewritten to; module names derived from the file layout are added to this.
+REPO = Path(__file__).resolve().parent.parent
 PACKAGE = "torch_cppwrap"
+PACKAGE_ROOT = REPO / PACKAGE
+DEFAULT_PATCHES_DIR = REPO / "patches"
+SERIES_FILE = "series"
+# A patch of more changed lines than this adds a single file (checked by
+# tests/test_patches.py): reviewers take patches of one job and a few hundred
+# lines.
+PATCH_LINE_LIMIT = 800
+
+# Our dotted names that are not modules, and what they become upstream;
+# module names derived from the file layout are added to this.
 EXTRA_MODULE_NAMES = {
     # The runtime extension sits beside the sources it is built from.
     f"{PACKAGE}._C": "torch._inductor.runtime._C",
@@ -72,55 +88,54 @@ EXTRA_MODULE_NAMES = {
     # registers it for cuda"): upstream, the device registry does.
     f"{PACKAGE}.patch": "torch._inductor.codegen.common.init_backend_registration",
 }
-# Our files whose upstream path differs from their path in the package.
-SPECIAL_TARGETS = {
-    "_compat.py": "torch/_inductor/cppwrap_compat.py",
-    "config.py": "torch/_inductor/cppwrap_config.py",
-    "_inductor/codecache.py": "torch/_inductor/cppwrap_codecache.py",
-    # Upstream, this would be a few lines of graph.py's _compile_to_module.
-    "_inductor/graph.py": "torch/_inductor/cppwrap_fallback.py",
-}
 EXPORTED_SUFFIXES = (".py", ".h", ".cpp")
 # Files of the package that the series leaves out for now, and why
 # ("_inductor/x.py": "reason").
-DEFERRED: dict[str, str] = {}
+DEFERRED: dict[str, str] = {
+    "_inductor/graph.py": "the fallback to the Python wrapper for a graph ours cannot "
+    "generate or build (with config.py's `strict`); upstream it belongs in "
+    "GraphLowering.compile_to_module, a change of behaviour for every device that "
+    "wants its own patch and review after this series",
+}
 
 
 @dataclass(frozen=True)
 class JitWrapper:
-    """One of our C++ wrappers that replaces an upstream module of the same
-    name: upstream's class moves to `<module>_aoti.py` for AOTInductor (and
-    for the devices we do not serve), ours is registered for `devices`."""
+    """One of our C++ wrappers for JIT graphs, added beside the upstream
+    C-shim wrapper of the same device as `<upstream>_jit.py`, class
+    `<cls>Jit`, and registered for `devices`; AOTInductor keeps upstream's."""
 
-    module: str  # in torch/_inductor/codegen/
-    cls: str
+    upstream: str  # upstream's module in torch/_inductor/codegen/, and ours
+    cls: str  # upstream's class there, and ours in the package
     devices: tuple[str, ...]
 
     @property
-    def path(self) -> str:
-        return f"torch/_inductor/codegen/{self.module}.py"
-
-    @property
-    def aoti_module(self) -> str:
-        return f"{self.module}_aoti"
-
-    @property
-    def aoti_cls(self) -> str:
-        return f"Aoti{self.cls}"
+    def module(self) -> str:
+        return f"{self.upstream}_jit"
 
     @property
     def jit_cls(self) -> str:
-        return f"Jit{self.cls}"
+        return f"{self.cls}Jit"
+
+    @property
+    def source(self) -> str:
+        return f"_inductor/codegen/{self.upstream}.py"
 
 
 JIT_WRAPPERS = (
     JitWrapper("cpp_wrapper_cpu", "CppWrapperCpu", ("cpu",)),
     JitWrapper("cpp_wrapper_gpu", "CppWrapperGpu", ("cuda",)),
 )
-# Upstream modules that ours replace -> where upstream's moves.
-MOVED_UPSTREAM = {
-    w.path: f"torch/_inductor/codegen/{w.aoti_module}.py" for w in JIT_WRAPPERS
+# Our files (under torch_cppwrap/) whose path in torch is not the same path
+# under torch/; any other file keeps its path (_inductor/x -> torch/_inductor/x).
+TARGETS = {
+    "_compat.py": "torch/_inductor/cppwrap_compat.py",
+    "_inductor/codecache.py": "torch/_inductor/cppwrap_codecache.py",
+    "_inductor/runtime/cuda_graphs.py": "torch/_inductor/runtime/cppwrap_cuda_graphs.py",
+    **{w.source: f"torch/_inductor/codegen/{w.module}.py" for w in JIT_WRAPPERS},
 }
+# Our classes that would share a name with upstream's -> their name in torch.
+CLASS_NAMES = {w.cls: w.jit_cls for w in JIT_WRAPPERS}
 COMMON = "torch/_inductor/codegen/common.py"
 GRAPH = "torch/_inductor/graph.py"
 IR = "torch/_inductor/ir.py"
@@ -132,7 +147,7 @@ COMMIT_DATE = "2026-01-01T00:00:00+0000"
 
 class PatchError(RuntimeError):
     """The series cannot be produced from these sources (an anchor moved, an
-    unmapped reference to torch_cppwrap, ...)."""
+    unmapped reference to torch_cppwrap, a module in no patch, ...)."""
 
 
 # ---------------------------------------------------------------------------
@@ -158,8 +173,10 @@ def torch_version_of(site_packages: Path) -> str:
 
 
 def series_dir_name(version: str) -> str:
-    major, minor = _compat.torch_version_tuple(version)
-    return f"torch-{major}.{minor}"
+    match = re.match(r"(\d+)\.(\d+)", version)
+    if match is None:
+        raise PatchError(f"not a torch version: {version!r}")
+    return f"torch-{match.group(1)}.{match.group(2)}"
 
 
 class Tree:
@@ -167,19 +184,14 @@ class Tree:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.edits: dict[str, str | None] = {}  # path -> text, None if removed
+        self.edits: dict[str, str] = {}  # path -> text
 
     def exists(self, path: str) -> bool:
-        if path in self.edits:
-            return self.edits[path] is not None
-        return (self.root / path).is_file()
+        return path in self.edits or (self.root / path).is_file()
 
     def read(self, path: str) -> str:
         if path in self.edits:
-            text = self.edits[path]
-            if text is None:
-                raise PatchError(f"{path} was removed by an earlier step")
-            return text
+            return self.edits[path]
         try:
             return (self.root / path).read_bytes().decode()
         except FileNotFoundError:
@@ -192,21 +204,6 @@ class Tree:
     def write(self, path: str, text: str) -> None:
         self.edits[path] = text
 
-    def remove(self, path: str) -> None:
-        self.edits[path] = None
-
-    def python_files(self) -> list[str]:
-        """Every upstream .py file under torch/, with our edits applied."""
-        found = {
-            str(p.relative_to(self.root))
-            for p in (self.root / "torch").rglob("*.py")
-            if "__pycache__" not in p.parts
-        }
-        found |= {
-            p for p, t in self.edits.items() if t is not None and p.endswith(".py")
-        }
-        return sorted(p for p in found if self.exists(p))
-
 
 # ---------------------------------------------------------------------------
 # our files, placed at upstream's paths
@@ -215,12 +212,12 @@ class Tree:
 
 @dataclass(frozen=True)
 class Placement:
-    source: Path  # in torch_cppwrap/
+    source: str  # under torch_cppwrap/
     target: str  # relative to site-packages
 
     @property
     def module(self) -> str | None:
-        return _dotted(str(self.source.relative_to(PACKAGE_ROOT.parent)))
+        return _dotted(f"{PACKAGE}/{self.source}")
 
     @property
     def target_module(self) -> str | None:
@@ -236,35 +233,62 @@ def _dotted(path: str) -> str | None:
     return ".".join(parts)
 
 
-def placements(tree: Tree) -> list[Placement]:
-    """Where each exported file of the package goes in torch."""
-    sources = [PACKAGE_ROOT / name for name in SPECIAL_TARGETS]
-    sources += sorted(
-        p
-        for p in (PACKAGE_ROOT / "_inductor").rglob("*")
-        if p.is_file()
-        and p.suffix in EXPORTED_SUFFIXES
-        and "__pycache__" not in p.parts
-    )
-    result = []
-    for source in sources:
-        rel = str(source.relative_to(PACKAGE_ROOT))
-        if rel in DEFERRED:
+def _package_files(tree: Tree) -> list[str]:
+    """The package's files under _inductor/ that the series must place: all
+    but the empty __init__.py of a package upstream already has."""
+    found = []
+    for path in sorted((PACKAGE_ROOT / "_inductor").rglob("*")):
+        if (
+            not path.is_file()
+            or path.suffix not in EXPORTED_SUFFIXES
+            or "__pycache__" in path.parts
+        ):
             continue
-        target = SPECIAL_TARGETS.get(rel) or "torch/" + rel
-        if source.name == "__init__.py" and tree.exists(target):
-            if source.read_text().strip():
+        rel = str(path.relative_to(PACKAGE_ROOT))
+        if path.name == "__init__.py" and tree.exists("torch/" + rel):
+            if path.read_text().strip():
                 raise PatchError(
-                    f"{source} is not empty, but upstream already has {target}; "
+                    f"{path} is not empty, but upstream already has torch/{rel}; "
                     "move its contents into a module"
                 )
-            continue  # upstream's package already exists
-        if tree.exists(target) and target not in MOVED_UPSTREAM:
+            continue
+        found.append(rel)
+    return found
+
+
+def placements(tree: Tree) -> dict[str, Placement]:
+    """Where each file that SERIES places goes in torch, by its path under
+    torch_cppwrap/.  Every file under _inductor/ must be in one patch (or
+    DEFERRED), so that a new module cannot be left out by accident."""
+    listed = [name for patch in SERIES for name in patch.files]
+    twice = sorted({name for name in listed if listed.count(name) > 1})
+    if twice:
+        raise PatchError(f"SERIES places {', '.join(twice)} more than once")
+    missing = [name for name in listed if not (PACKAGE_ROOT / name).is_file()]
+    if missing:
+        raise PatchError(
+            f"SERIES places {', '.join(missing)}, which {PACKAGE}/ does not have"
+        )
+    unplaced = [
+        name
+        for name in _package_files(tree)
+        if name not in listed and name not in DEFERRED
+    ]
+    if unplaced:
+        raise PatchError(
+            f"{', '.join(PACKAGE + '/' + name for name in unplaced)} in no patch: "
+            "add each to the `files` of a patch in SERIES (tools/patches.py), or "
+            "to DEFERRED with the reason"
+        )
+    result = {}
+    for name in listed:
+        target = TARGETS.get(name, "torch/" + name)
+        if tree.exists(target):
             raise PatchError(
-                f"{source} would overwrite upstream's {target}; add a rule for it "
-                "to SPECIAL_TARGETS or MOVED_UPSTREAM in torch_cppwrap/_patches.py"
+                f"{PACKAGE}/{name} would overwrite upstream's {target}; give it "
+                "a new name in TARGETS (tools/patches.py)"
             )
-        result.append(Placement(source, target))
+        result[name] = Placement(name, target)
     return result
 
 
@@ -276,8 +300,7 @@ def module_names(placed: Sequence[Placement]) -> dict[str, str]:
         if ours is None or theirs is None:
             continue
         names[ours] = theirs
-        rel = str(item.source.relative_to(PACKAGE_ROOT))
-        if rel in SPECIAL_TARGETS:
+        if item.source in TARGETS:
             continue
         # torch_cppwrap/_inductor/codegen/x.py went to torch/_inductor/codegen/,
         # so torch_cppwrap._inductor.codegen is torch._inductor.codegen.
@@ -312,7 +335,7 @@ def _map_name(dotted: str, names: dict[str, str], where: str) -> str:
         return dotted
     raise PatchError(
         f"{where}: no upstream place for {dotted}; add it to EXTRA_MODULE_NAMES "
-        "in torch_cppwrap/_patches.py or stop referring to it"
+        "in tools/patches.py or stop referring to it"
     )
 
 
@@ -393,30 +416,37 @@ def rewrite_references(text: str, names: dict[str, str], where: str) -> str:
     return text
 
 
-def place_our_files(
-    tree: Tree, placed: Sequence[Placement], keep: Callable[[str], bool]
-) -> None:
-    """Writes the placed files whose target `keep` accepts, their references
-    to any of our modules rewritten."""
-    names = module_names(placed)
-    for item in (p for p in placed if keep(p.target)):
-        where = str(item.source.relative_to(PACKAGE_ROOT.parent))
-        text = item.source.read_bytes().decode()
-        tree.write(item.target, rewrite_references(text, names, where))
+def rename_classes(text: str, where: str) -> str:
+    """Our classes that share a name with upstream's get their name in torch
+    (CLASS_NAMES).  Only our files are renamed, so each must not refer to
+    upstream's class of the same name."""
+    for jit in JIT_WRAPPERS:
+        upstream = f"torch._inductor.codegen.{jit.upstream}"
+        if re.search(rf"{re.escape(upstream)}\b", text):
+            raise PatchError(
+                f"{where} refers to upstream's {upstream}, whose {jit.cls} it "
+                f"would confuse with ours, renamed {jit.jit_cls}; refer to it "
+                "in another way or teach rename_classes"
+            )
+    for ours, theirs in CLASS_NAMES.items():
+        text = re.sub(rf"\b{ours}\b", theirs, text)
+    return text
+
+
+def place_files(tree: Tree, placed: dict[str, Placement], files: Sequence[str]) -> None:
+    """Writes our `files` at their places, their references to any of our
+    modules and classes rewritten."""
+    names = module_names(list(placed.values()))
+    for name in files:
+        where = f"{PACKAGE}/{name}"
+        text = (PACKAGE_ROOT / name).read_bytes().decode()
+        text = rename_classes(rewrite_references(text, names, where), where)
+        tree.write(placed[name].target, text)
 
 
 # ---------------------------------------------------------------------------
 # edits to upstream's own files
 # ---------------------------------------------------------------------------
-
-
-def _resolve(path: str, module: str | None, level: int) -> str:
-    """The absolute name of `from <level dots><module> import` in `path`."""
-    if level == 0:
-        return module or ""
-    package = path.split("/")[:-1]  # a module's package, or an __init__'s own
-    base = package[: len(package) - (level - 1)]
-    return ".".join([*base, *([module] if module else [])])
 
 
 def _only(items: list[_Node], what: str) -> _Node:
@@ -434,74 +464,23 @@ def _function(module: ast.Module, name: str, path: str) -> ast.FunctionDef:
     return _only(found, f"function {name} in {path}")
 
 
-def move_upstream_wrappers(tree: Tree, ours: set[str]) -> None:
-    """Moves each upstream module that one of ours replaces, unchanged, and
-    points every upstream module that imports it (or names it in prose) at
-    the new name.  `ours`: the paths our files take, which are left alone."""
-    moves: dict[str, str] = {}
-    for old, new in MOVED_UPSTREAM.items():
-        if old not in ours:
-            continue
-        tree.write(new, tree.read(old))
-        tree.remove(old)
-        old_module, new_module = _dotted(old), _dotted(new)
-        assert old_module is not None and new_module is not None
-        moves[old_module] = new_module
-    for path in tree.python_files():
-        if path in ours:
-            continue
-        text = original = tree.read(path)
-        for old_module, new_module in moves.items():
-            text = _redirect_imports(path, text, old_module, new_module)
-        if text != original:
-            tree.write(path, text)
-
-
-def _redirect_imports(path: str, text: str, old_module: str, new_module: str) -> str:
-    old_leaf, new_leaf = old_module.rpartition(".")[2], new_module.rpartition(".")[2]
-    if old_leaf not in text:
-        return text
-    lines = text.split("\n")
-    for node in ast.walk(ast.parse(text, path)):
-        if isinstance(node, ast.ImportFrom):
-            target = _resolve(path, node.module, node.level)
-            if old_module in {f"{target}.{a.name}" for a in node.names}:
-                raise PatchError(
-                    f"{path}:{node.lineno}: imports the {old_leaf} module by name; "
-                    "teach _redirect_imports that form"
-                )
-            if target != old_module:
-                continue
-            spelled = "." * node.level + (node.module or "")
-            new_spelled = spelled[: -len(old_leaf)] + new_leaf
-            lines[node.lineno - 1] = lines[node.lineno - 1].replace(
-                f"from {spelled} import", f"from {new_spelled} import", 1
-            )
-        elif isinstance(node, ast.Import) and any(
-            a.name == old_module for a in node.names
-        ):
-            raise PatchError(f"{path}:{node.lineno}: `import {old_module}`; handle it")
-    # Prose that sends readers to the moved file follows it.
-    return re.sub(rf"\b{old_leaf}\.py\b", f"{new_leaf}.py", "\n".join(lines))
-
-
 def _mode_helper(wrappers: Sequence[JitWrapper]) -> list[str]:
     """get_wrapper_codegen_for_device's new helper, as lines of common.py."""
     imports, pairs = [], []
     for w in wrappers:
-        imports.append(f"        from .{w.module} import {w.cls}")
-        imports.append(f"        from .{w.aoti_module} import {w.cls} as {w.aoti_cls}")
-        pairs.append(f"            {w.cls}: {w.aoti_cls},")
+        imports.append(f"        from .{w.upstream} import {w.cls}")
+        imports.append(f"        from .{w.module} import {w.jit_cls}")
+        pairs.append(f"            {w.jit_cls}: {w.cls},")
     return [
         "def _cpp_wrapper_codegen_for_mode(",
         "    registered: WrapperConstructor | None, aot_mode: bool",
         ") -> WrapperConstructor | None:",
         '    """JIT graphs get the C++ wrappers that build a Python extension module',
-        "    per graph; AOTInductor keeps the C-shim wrappers (*_aoti.py), which it",
+        "    per graph (*_jit.py); AOTInductor keeps the C-shim wrappers, which it",
         "    packages into a model .so around the AOTI runtime.  A class registered",
         '    by anyone else serves both."""',
         "    if aot_mode:",
-        *imports,
+        *sorted(imports),
         "",
         "        aot_wrappers: dict[WrapperConstructor | None, WrapperConstructor] = {",
         *pairs,
@@ -513,9 +492,10 @@ def _mode_helper(wrappers: Sequence[JitWrapper]) -> list[str]:
     ]
 
 
-def register_jit_wrapper(tree: Tree) -> None:
-    """Registers our CppWrapperCpu for cpu graphs, keeps upstream's for
-    AOTInductor, and lets ExternKernel name C-shim kernels for both."""
+def register_jit_wrappers(tree: Tree) -> None:
+    """Registers our wrappers for JIT graphs on their devices, keeps
+    upstream's for AOTInductor, and lets ExternKernel name C-shim kernels for
+    both."""
     _register_in_common(tree)
     _pass_aot_mode_from_graph(tree)
     _accept_both_wrappers_in_ir(tree)
@@ -577,21 +557,22 @@ def _register_in_common(tree: Tree) -> None:
 def _register_in_init(
     init: ast.FunctionDef, lines: list[str], wrapper: JitWrapper
 ) -> None:
-    """Makes init_backend_registration register our class for wrapper.devices.
-
-    After the move, it imports upstream's class from `<module>_aoti`.  If only
-    our devices use it, that import now names our module; otherwise ours is
-    imported as Jit<Class> and put in our devices' registrations only."""
+    """Makes init_backend_registration register our class for
+    wrapper.devices: imports it beside upstream's (in sorted place) and puts
+    it in those devices' registrations only.  Lines gain text but are never
+    added or removed, so the AST's line numbers stay valid."""
     imports = [
         node
-        for node in ast.walk(init)
-        if isinstance(node, ast.ImportFrom)
-        and node.module == wrapper.aoti_module
+        for node in init.body
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+    ]
+    upstream = [
+        node
+        for node in imports
+        if node.module == wrapper.upstream
         and [a.name for a in node.names] == [wrapper.cls]
     ]
-    node = _only(
-        imports, f"import of {wrapper.cls} in {COMMON}:init_backend_registration"
-    )
+    _only(upstream, f"import of {wrapper.cls} in {COMMON}:init_backend_registration")
     uses: dict[str, list[ast.Name]] = {}
     for call in ast.walk(init):
         if not (
@@ -611,23 +592,26 @@ def _register_in_init(
             f"{COMMON}: init_backend_registration does not register {wrapper.cls} "
             f"for {', '.join(wrapper.devices)}"
         )
-    line = lines[node.lineno - 1]
-    if all(d in wrapper.devices for d, names in uses.items() if names):
-        lines[node.lineno - 1] = line.replace(
-            f"from .{wrapper.aoti_module} import", f"from .{wrapper.module} import", 1
+    names = sorted(
+        (n for d in wrapper.devices for n in uses[d]),
+        key=lambda n: (n.lineno, n.col_offset),
+        reverse=True,  # right to left: earlier columns stay valid
+    )
+    for name in names:
+        assert name.end_col_offset is not None
+        row = lines[name.lineno - 1]
+        lines[name.lineno - 1] = (
+            row[: name.col_offset] + wrapper.jit_cls + row[name.end_col_offset :]
         )
-        return
-    for device in wrapper.devices:
-        for name in uses[device]:
-            assert name.end_col_offset is not None
-            row = lines[name.lineno - 1]
-            lines[name.lineno - 1] = (
-                row[: name.col_offset] + wrapper.jit_cls + row[name.end_col_offset :]
-            )
-    indent = line[: len(line) - len(line.lstrip())]
-    lines[node.lineno - 1] = (
-        f"{indent}from .{wrapper.module} import {wrapper.cls} as {wrapper.jit_cls}\n"
-        + line
+    # Sorted among the function's imports, as isort would put it.
+    after = [node for node in imports if (node.module or "") > wrapper.module]
+    anchor = after[0] if after else imports[-1]
+    index = anchor.lineno - 1
+    indent = re.match(r"\s*", lines[index])
+    assert indent is not None
+    new_import = f"{indent.group(0)}from .{wrapper.module} import {wrapper.jit_cls}"
+    lines[index] = (
+        f"{new_import}\n{lines[index]}" if after else f"{lines[index]}\n{new_import}"
     )
 
 
@@ -656,6 +640,7 @@ def _pass_aot_mode_from_graph(tree: Tree) -> None:
 
 
 def _accept_both_wrappers_in_ir(tree: Tree) -> None:
+    cpu = next(w for w in JIT_WRAPPERS if w.cls == "CppWrapperCpu")
     text = tree.read(IR)
     lines = text.split("\n")
     function = _function(ast.parse(text, IR), "try_get_kernel_name", IR)
@@ -663,28 +648,26 @@ def _accept_both_wrappers_in_ir(tree: Tree) -> None:
         node
         for node in ast.walk(function)
         if isinstance(node, ast.ImportFrom)
-        and node.module == "codegen.cpp_wrapper_cpu_aoti"
+        and node.module == f"codegen.{cpu.upstream}"
+        and [a.name for a in node.names] == [cpu.cls]
     ]
-    node = _only(imports, f"import in {IR}:try_get_kernel_name")
+    node = _only(imports, f"import of {cpu.cls} in {IR}:try_get_kernel_name")
     indent = re.match(r"\s*", lines[node.lineno - 1])
     assert indent is not None
     pad = indent.group(0)
     body = range(node.lineno, function.end_lineno or node.lineno)
-    checks = [
-        i for i in body if "isinstance(V.graph.wrapper_code, CppWrapperCpu)" in lines[i]
-    ]
+    check = f"isinstance(V.graph.wrapper_code, {cpu.cls})"
+    checks = [i for i in body if check in lines[i]]
     if len(checks) != 1:
-        raise PatchError(f"{IR}: expected one isinstance check in try_get_kernel_name")
+        raise PatchError(f"{IR}: expected one `{check}` in try_get_kernel_name")
     lines[checks[0]] = lines[checks[0]].replace(
-        "isinstance(V.graph.wrapper_code, CppWrapperCpu)",
-        "isinstance(V.graph.wrapper_code, cpp_wrappers)",
+        check, "isinstance(V.graph.wrapper_code, cpp_wrappers)"
     )
-    lines[node.lineno - 1] = (
-        f"{pad}from .codegen.cpp_wrapper_cpu import CppWrapperCpu\n"
-        f"{pad}from .codegen.cpp_wrapper_cpu_aoti import CppWrapperCpu as AotiCppWrapperCpu\n\n"
-        f"{pad}# JIT graphs: CppWrapperCpu (CppWrapperGpu derives from it); AOTInductor\n"
-        f"{pad}# and the other devices: the C-shim wrappers.\n"
-        f"{pad}cpp_wrappers = (CppWrapperCpu, AotiCppWrapperCpu)"
+    lines[node.lineno - 1] += (
+        f"\n{pad}from .codegen.{cpu.module} import {cpu.jit_cls}\n\n"
+        f"{pad}# The C++ wrappers for AOTInductor and for JIT graphs (and those that\n"
+        f"{pad}# derive from them) both name kernels by their C-shim functions.\n"
+        f"{pad}cpp_wrappers = ({cpu.cls}, {cpu.jit_cls})"
     )
     tree.write(IR, "\n".join(lines))
 
@@ -694,82 +677,157 @@ def _accept_both_wrappers_in_ir(tree: Tree) -> None:
 # ---------------------------------------------------------------------------
 
 
-@dataclass
-class Step:
-    subject: str
-    body: str
-    apply: Callable[[Tree], None]
-    snapshot: dict[str, str | None] = field(default_factory=dict)
+@dataclass(frozen=True)
+class Patch:
+    """One patch of the series: one job, a few hundred lines."""
+
+    subject: str  # after "[inductor] "
+    body: str  # why; paragraphs split by blank lines, wrapped at export
+    files: tuple[str, ...] = ()  # what it adds: the package's files (TARGETS)
+    edit: Callable[[Tree], None] | None = None  # what it changes upstream
+
+    def message(self) -> str:
+        paragraphs = (" ".join(p.split()) for p in self.body.split("\n\n"))
+        body = "\n\n".join(textwrap.fill(p, 72) for p in paragraphs)
+        return f"[inductor] {self.subject}\n\n{body}\n"
 
 
-def _place(
-    placed: Sequence[Placement], keep: Callable[[str], bool]
-) -> Callable[[Tree], None]:
-    def apply(tree: Tree) -> None:
-        place_our_files(tree, placed, keep)
+# patch -> the package's files it adds (paths under torch_cppwrap/), in order.
+SERIES: tuple[Patch, ...] = (
+    Patch(
+        "Add cppwrap_compat for the C++ wrapper of JIT graphs",
+        """The C++ wrapper for JIT graphs that this series adds builds each graph
+        into a Python extension module.  The few facts it needs that differ
+        between torch releases (C-shim function names, cpp_builder's options,
+        IR class names) are kept in one module, named for what each provides, so that
+        the same sources serve every release the series is kept for; in
+        tree, its helpers can be inlined.  Nothing uses it yet.""",
+        files=("_compat.py",),
+    ),
+    Patch(
+        "Add the C ABI headers of the cppwrap runtime",
+        """A graph's wrapper module compiles in about a second only if it never
+        includes an ATen header.  These headers are what it sees of libtorch
+        besides Python.h and the AOTI C shim: the table of C functions the
+        runtime extension exports (cppwrap_api.h), the dtype, layout and
+        memory-format codes (cppwrap_dtypes.h), and lean versions of the size
+        arithmetic that Inductor's C++ printer spells (cppwrap_sizes.h).
 
-    return apply
-
-
-def _is_codegen(target: str) -> bool:
-    return target.startswith("torch/_inductor/codegen/")
-
-
-def steps(tree: Tree) -> list[Step]:
-    placed = placements(tree)
-    moved = [w for w in JIT_WRAPPERS if w.path in {p.target for p in placed}]
-    modules = " and ".join(f"{w.module}.py" for w in moved)
-    devices = " and ".join(d.upper() for w in moved for d in w.devices)
-    return [
-        Step(
-            "inductor: add the cppwrap runtime and its code cache",
-            "cpp_wrapper=True builds each JIT graph into a Python extension module.\n"
-            "What every such module needs (an owning tensor handle, error checks that\n"
-            "become Python exceptions, unpacking the inputs without new handles) lives\n"
-            "in a runtime extension, torch._inductor.runtime._C, built once per torch\n"
-            "from torch/_inductor/runtime/cppwrap_*; generated modules then compile\n"
-            "against light headers instead of the AOTI runtime.\n\n"
-            "cppwrap_codecache.CppWrapperCodeCache builds and loads them: SHA-256\n"
-            "keys over the sources and the full compile commands, a file lock per key\n"
-            "with a timeout, atomic renames.  It is a new module because\n"
-            "codecache.CppWrapperCodeCache still serves the C-shim wrappers (MPS, XPU).\n"
-            "Nothing uses either yet.",
-            _place(placed, lambda t: not _is_codegen(t)),
+        Header-only; nothing includes them yet.""",
+        files=(
+            "_inductor/runtime/cppwrap_api.h",
+            "_inductor/runtime/cppwrap_dtypes.h",
+            "_inductor/runtime/cppwrap_sizes.h",
         ),
-        Step(
-            "inductor: move the C-shim C++ wrappers to *_aoti.py",
-            f"{modules} hold the C-shim C++\n"
-            "wrappers: what AOTInductor packages into a model .so, and the base of\n"
-            "the MPS, XPU and MTIA wrappers.  Move them, changing only their\n"
-            "cross-references, so that those paths can hold wrappers for JIT graphs;\n"
-            "every importer follows.  No change in behaviour.",
-            lambda tree: move_upstream_wrappers(tree, {p.target for p in placed}),
+    ),
+    Patch(
+        "Add the cppwrap runtime extension",
+        """Everything a generated wrapper needs that touches ATen (allocating
+        tensors, dispatcher calls for ops without a C shim, turning C++
+        errors into Python exceptions) lives in one translation unit, built
+        once per torch and exported to the wrapper modules through a capsule
+        (cppwrap_api.h), so that no wrapper module compiles against
+        libtorch's headers.
+
+        Nothing builds it yet: the code cache later in this series does.""",
+        files=("_inductor/runtime/cppwrap_runtime_ext.cpp",),
+    ),
+    Patch(
+        "Add the runtime header that generated C++ wrappers include",
+        """The C-shim C++ wrapper allocates a heap handle and a capsule per
+        tensor per call, which makes it slower per call than the Python
+        wrapper on small CPU graphs.  cppwrap_runtime.h gives generated code
+        an owning tensor type that lives on the stack, error checks that
+        become Python exceptions, and the glue of a module's `call` entry
+        point, which borrows the caller's tensors and builds the output tuple
+        once.
+
+        Nothing includes it yet.""",
+        files=("_inductor/runtime/cppwrap_runtime.h",),
+    ),
+    Patch(
+        "Add a code cache for C++ wrapper extension modules",
+        """cppwrap_codecache.CppWrapperCodeCache builds a graph's wrapper and
+        kernels into one Python extension module, compiling the two in
+        parallel, and builds the runtime extension and the precompiled
+        headers once per Inductor cache, all through cpp_builder: SHA-256
+        keys over the sources and the full compile commands, a file lock per
+        key with a timeout, atomic renames, and a size and digest check of
+        each artefact before it is used.
+
+        It is a new module because codecache.CppWrapperCodeCache keeps
+        serving the C-shim wrappers (AOTInductor, MPS, XPU).  Nothing uses it
+        yet.""",
+        files=("_inductor/codecache.py",),
+    ),
+    Patch(
+        "Add tables of C++ spellings for wrapper arguments",
+        """How a dtype, a scalar, a tensor handle or an optional argument is
+        spelled in C++ is data: small tables and one-line helpers, for the
+        arguments of C-shim calls (shim_args), for the boxed dispatcher calls
+        of ops without a shim (boxed_args), and the shim functions libtorch
+        was built with (shim_catalog).  Kept apart from the wrapper classes,
+        they let the CPU and CUDA wrappers differ only where the devices do.
+
+        Nothing uses them yet.""",
+        files=(
+            "_inductor/codegen/cpp_spellings.py",
+            "_inductor/codegen/shim_catalog.py",
+            "_inductor/codegen/shim_args.py",
+            "_inductor/codegen/boxed_args.py",
         ),
-        Step(
-            f"inductor: add C++ wrapper codegen for JIT graphs on {devices}",
-            "With cpp_wrapper=True, a JIT graph's host code becomes one C++ function\n"
-            "that borrows the caller's input tensors, releases the GIL while the\n"
-            "kernels run and returns Python tensors built once: the C-shim wrapper\n"
-            "allocates a heap handle and a capsule per tensor per call, which makes\n"
-            "it slower than the Python wrapper on small CPU graphs.  The classes keep\n"
-            "PythonWrapperCodegen's hooks (write_*, codegen_*, make_*, generate_*);\n"
-            "C++ spellings live in small tables beside them; the CUDA wrapper adds\n"
-            "only what CUDA needs (cubins launched from C++, streams, device guard).\n"
-            "Not registered yet.",
-            _place(placed, _is_codegen),
+    ),
+    Patch(
+        "Add a C++ wrapper for JIT graphs on CPU",
+        """With cpp_wrapper=True, a JIT graph's host code becomes one C++
+        function that borrows the caller's input tensors, frees buffers at
+        their last use, releases the GIL while the kernels run and returns
+        Python tensors built once; a wrong input raises a Python exception
+        that says what was wrong.
+
+        CppWrapperCpuJit overrides PythonWrapperCodegen's hooks (write_*,
+        codegen_*, make_*, generate_*) as CppWrapperCpu does, and builds
+        through cppwrap_codecache instead of the AOTI runtime.  CppWrapperCpu
+        is unchanged: AOTInductor and the wrappers derived from it keep
+        it.  Not registered yet.""",
+        files=("_inductor/codegen/cpp_wrapper_cpu.py",),
+    ),
+    Patch(
+        "Add the CUDA part of the cppwrap runtime",
+        """What a CUDA wrapper module needs besides the CPU runtime: cubins
+        loaded and launched through the driver API on the current stream, a
+        device guard, and replaying a graph whose inputs and outputs are CUDA
+        tensors of fixed shapes as one CUDA graph, captured on its second call
+        (cppwrap_cuda_graphs) and replayed from C++ from the third.
+
+        Nothing uses it yet.""",
+        files=(
+            "_inductor/runtime/cppwrap_cuda.h",
+            "_inductor/runtime/cuda_graphs.py",
         ),
-        Step(
-            f"inductor: use the new C++ wrappers for JIT graphs on {devices}",
-            "init_backend_registration registers them for "
-            + ", ".join(d for w in moved for d in w.devices)
-            + ", and\n"
-            "get_wrapper_codegen_for_device takes the graph's aot_mode so that\n"
-            "AOTInductor keeps the C-shim wrappers it packages into a .so.\n"
-            "ExternKernel.try_get_kernel_name accepts either kind, since both name\n"
-            "kernels by their C-shim functions.",
-            register_jit_wrapper,
-        ),
-    ]
+    ),
+    Patch(
+        "Add a C++ wrapper for JIT graphs on CUDA",
+        """CppWrapperGpuJit is CppWrapperCpuJit plus what CUDA needs: each
+        autotuned Triton kernel's cubin embedded in the module and launched
+        from C++ with no Python per call, streams, the device guard, and
+        CUDA-graph replay where the graph allows it.  CppWrapperGpu is
+        unchanged for AOTInductor, XPU and MTIA.  Not registered yet.""",
+        files=("_inductor/codegen/cpp_wrapper_gpu.py",),
+    ),
+    Patch(
+        "Use the new C++ wrappers for JIT graphs on CPU and CUDA",
+        """init_backend_registration registers CppWrapperCpuJit for cpu and
+        CppWrapperGpuJit for cuda, and get_wrapper_codegen_for_device takes
+        the graph's aot_mode, so that AOTInductor keeps CppWrapperCpu and
+        CppWrapperGpu, which it packages into a model .so.  Other devices and
+        out-of-tree backends keep what they register.
+
+        ExternKernel.try_get_kernel_name accepts either kind of wrapper, since
+        both name kernels by their C-shim functions.""",
+        edit=register_jit_wrappers,
+    ),
+)
 
 
 def _git(cwd: Path, *args: str, **env: str) -> str:
@@ -797,36 +855,36 @@ def _git(cwd: Path, *args: str, **env: str) -> str:
     return proc.stdout
 
 
-def _write_state(work: Path, state: dict[str, str | None]) -> None:
+def _write_state(work: Path, state: dict[str, str]) -> None:
     for path, text in state.items():
         file = work / path
-        if text is None:
-            file.unlink(missing_ok=True)
-        else:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            file.write_bytes(text.encode())
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_bytes(text.encode())
 
 
 def build_series(site_packages: Path) -> dict[str, bytes]:
     """File name -> contents of the series for the torch under `site_packages`."""
     tree = Tree(site_packages)
-    plan = steps(tree)
-    for step in plan:
-        step.apply(tree)
-        step.snapshot = dict(tree.edits)
+    placed = placements(tree)
+    snapshots = []
+    for patch in SERIES:
+        place_files(tree, placed, patch.files)
+        if patch.edit is not None:
+            patch.edit(tree)
+        snapshots.append(dict(tree.edits))
     version = torch_version_of(site_packages)
     with tempfile.TemporaryDirectory(prefix="cppwrap-series-") as tmp:
         work = Path(tmp) / "site-packages"
         work.mkdir()
         _git(work, "init", "-q")
-        base = {p: tree.upstream(p) for p in tree.edits}
+        base = {p: text for p in tree.edits if (text := tree.upstream(p)) is not None}
         _write_state(work, base)
         _git(work, "add", "-A")
         _git(work, "commit", "-q", "--allow-empty", "-m", f"torch {version}")
-        for step in plan:
-            _write_state(work, step.snapshot)
+        for patch, snapshot in zip(SERIES, snapshots, strict=True):
+            _write_state(work, snapshot)
             _git(work, "add", "-A")
-            _git(work, "commit", "-q", "-m", f"{step.subject}\n\n{step.body}\n")
+            _git(work, "commit", "-q", "-m", patch.message())
         out = Path(tmp) / "out"
         _git(
             work,
@@ -835,17 +893,16 @@ def build_series(site_packages: Path) -> dict[str, bytes]:
             "--zero-commit",
             "--no-signature",
             "--full-index",
-            "--find-renames",
             "--numbered",
             "-o",
             str(out),
-            "HEAD~" + str(len(plan)),
+            "HEAD~" + str(len(SERIES)),
         )
         files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
     series = [
         f"# torch_cppwrap for torch {version}: apply in order from site-packages,",
         "# e.g. `git apply <patch>` or `patch -p1 < <patch>`.",
-        f"# Generated by `python -m {PACKAGE} patches export`; do not edit.",
+        "# Generated by `python tools/patches.py export`; do not edit.",
         *files,
     ]
     files[SERIES_FILE] = ("\n".join(series) + "\n").encode()
@@ -867,6 +924,27 @@ def export(site_packages: Path, patches_dir: Path) -> Path:
     for name, data in files.items():
         (directory / name).write_bytes(data)
     return directory
+
+
+def changed_lines(patch_text: str) -> int:
+    """Lines a patch adds or removes (what `git diff --stat` counts)."""
+    count, in_diff = 0, False
+    for line in patch_text.splitlines():
+        if line.startswith("diff --git "):
+            in_diff = True
+        elif in_diff and line.startswith(("+", "-")):
+            count += not line.startswith(("+++ ", "--- "))
+    return count
+
+
+def table(directory: Path) -> str:
+    """The series as a Markdown table: patch, files, changed lines."""
+    rows = ["| patch | files | changed lines |", "| --- | --- | --: |"]
+    for name in read_series(directory):
+        text = (directory / name).read_text()
+        files = ", ".join(f"`{p}`" for p in _touched_paths(text))
+        rows.append(f"| {name} | {files} | {changed_lines(text)} |")
+    return "\n".join(rows)
 
 
 def _touched_paths(patch_text: str) -> list[str]:
@@ -935,7 +1013,7 @@ def check(site_packages: Path, patches_dir: Path) -> list[str]:
     """Problems with the committed series for this torch; empty if none."""
     directory = patches_dir / series_dir_name(torch_version_of(site_packages))
     if not (directory / SERIES_FILE).is_file():
-        return [f"{directory} has no series: run `python -m {PACKAGE} patches export`"]
+        return [f"{directory} has no series: run `python tools/patches.py export`"]
     problems = []
     expected = build_series(site_packages)
     present = {p.name for p in directory.iterdir() if p.is_file()}
@@ -968,7 +1046,7 @@ def check(site_packages: Path, patches_dir: Path) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog=f"python -m {PACKAGE} patches",
+        prog="python tools/patches.py",
         description="torch_cppwrap as a patch series against torch/_inductor.",
     )
     parser.add_argument(
@@ -995,7 +1073,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "export":
             directory = export(site_packages, args.patches_dir)
-            print(f"wrote {directory}: " + ", ".join(read_series(directory)))
+            print(f"wrote {directory}:\n{table(directory)}")
             return 0
         if args.command == "apply":
             if args.into is None:
@@ -1016,7 +1094,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"patches check: {problem}", file=sys.stderr)
     if problems:
         print(
-            f"patches check: refresh with `python -m {PACKAGE} patches export`",
+            "patches check: refresh with `python tools/patches.py export`",
             file=sys.stderr,
         )
         return 1

@@ -73,15 +73,19 @@ def dtype_code(dtype: torch.dtype) -> str:
         ) from None
 
 
-def device_args(device: torch.device) -> str:
-    """The (device_type, device_index) argument pair of a shim or runtime call."""
+def device_pair(device: torch.device) -> tuple[str, str]:
+    """The (device_type, device_index) arguments of a shim or runtime call."""
     try:
         kind = DEVICE_TYPE[device.type]
     except KeyError:
         raise NotImplementedError(
             f"torch_cppwrap: device type {device.type!r} is not supported"
         ) from None
-    return f"{kind}, {device.index or 0}"
+    return kind, str(device.index or 0)
+
+
+def device_args(device: torch.device) -> str:
+    return ", ".join(device_pair(device))
 
 
 def int_literal(value: int) -> str:

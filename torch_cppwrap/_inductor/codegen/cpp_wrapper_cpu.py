@@ -44,6 +44,8 @@ from torch.utils._ordered_set import OrderedSet
 
 from torch_cppwrap import _compat
 from torch_cppwrap._inductor.codegen import cpp_spellings as spell
+from torch_cppwrap._inductor.codegen.boxed_args import push_argument
+from torch_cppwrap._inductor.codegen.shim_args import shim_argument
 from torch_cppwrap._inductor.codegen.shim_catalog import shim_function_exists
 
 CPP_PREFIX_INCLUDE = "#include <torch/csrc/inductor/cpp_prefix.h>"
@@ -821,8 +823,6 @@ class CppWrapperCpu(PythonWrapperCodegen):
     ) -> None:
         """A call through the dispatcher: arguments pushed by schema type,
         results read back into the output buffers."""
-        from torch_cppwrap._inductor.codegen.boxed_args import push_argument
-
         handle = self._op_handle(op)
         # The node groups its outputs, unless it is its own one output (as an
         # out-of-place collective is).
@@ -834,7 +834,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         call = f"{buf_name}_call"
         self.writeline(f"cppwrap::BoxedCall {call}({handle}());")
         pushes = [
-            push_argument(self, value, arg.real_type)
+            push_argument(self.codegen_sizevar, value, arg.real_type)
             for arg, value in zip(op._schema.arguments, raw_args, strict=True)
         ]
         run = "run_below_autograd" if below_autograd else "run"
@@ -1153,9 +1153,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
     # ------------------------------------------------------------------
 
     def val_to_arg_str(self, val: Any, type_: Any = None) -> str:
-        from torch_cppwrap._inductor.codegen.shim_args import shim_argument
-
-        return shim_argument(self, val, type_)
+        return shim_argument(self.codegen_sizevar, val, type_)
 
     # ------------------------------------------------------------------
     # outputs and the end of the module

@@ -55,7 +55,7 @@ from torch.utils._ordered_set import OrderedSet
 from torch_cppwrap import _compat
 from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codegen import cpp_spellings as spell
-from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import HOST_READ, CppWrapperCpu
 from torch_cppwrap._inductor.codegen.shim_catalog import shim_function_exists
 
 log = logging.getLogger(__name__)
@@ -419,16 +419,9 @@ class CppWrapperGpu(CppWrapperCpu):
         for node in V.graph.graph.nodes:
             if node.op == "call_function" and _is_random(node.target):
                 return f"the graph draws random numbers ({node.target})"
-        body = self.wrapper_call.getvalue()
-        for marker, reason in (
-            ("cppwrap::BoxedCall", "an op runs through the dispatcher"),
-            ("aoti_torch_copy_", "the graph copies between devices"),
-            ("cppwrap::item_", "the graph reads a value on the host"),
-            ("_local_scalar_dense", "the graph reads a value on the host"),
-        ):
-            if marker in body:
-                return reason
-        launches = len(re.findall(r"\blaunch_\w+\(|\baoti_torch_cuda_\w+\(", body))
+        if self.replay_blockers:
+            return self.replay_blockers[0]
+        launches = sum(device == self.device for device, _ in self.launches)
         if launches < self.min_launches_for_cuda_graph:
             return f"only {launches} launch(es)"
         return None
@@ -602,6 +595,7 @@ class CppWrapperGpu(CppWrapperCpu):
                 f"torch_cppwrap: Triton kernel {kernel_name} is called with different "
                 f"argument kinds ({known.kinds} and {signature.kinds})"
             )
+        self.launches.append((device.type, kernel_name))
         self.writeline(
             f"launch_{kernel_name}({', '.join([str(index), stream, *values])});"
         )
@@ -630,6 +624,7 @@ class CppWrapperGpu(CppWrapperCpu):
             if isinstance(arg_type, torch.dtype):
                 if should_unwrap_unspec_arg(arg):
                     # A Python scalar that dynamo passed as a 0-d CPU tensor.
+                    self.replay_blockers.append(HOST_READ)
                     if arg_type.is_floating_point:
                         return "float", f"cppwrap::item_double({arg})"
                     return "int", f"cppwrap::item_long({arg})"
@@ -700,7 +695,7 @@ class CppWrapperGpu(CppWrapperCpu):
             view_name = f"{out}_as_strided"
             self.writeline(f"auto {view_name} = {out_view};")
             out_arg = f"{view_name}.get()"
-        self._shim_call(kernel, [out_arg, *args], kernel)
+        self._shim_call(kernel, [out_arg, *args], kernel, device)
 
     def generate_fallback_kernel(self, node: Any) -> None:
         op = node.op_overload

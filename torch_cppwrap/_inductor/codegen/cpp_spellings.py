@@ -33,20 +33,6 @@ DTYPE_CODE: dict[torch.dtype, str] = {
     torch.float8_e4m3fnuz: "cppwrap::dtype::kFloat8_e4m3fnuz",
 }
 
-# The C type a kernel pointer argument points to, by dtype.
-DTYPE_CTYPE: dict[torch.dtype, str] = {
-    torch.float32: "float",
-    torch.float64: "double",
-    torch.float16: "at::Half",
-    torch.bfloat16: "at::BFloat16",
-    torch.int64: "int64_t",
-    torch.int32: "int32_t",
-    torch.int16: "int16_t",
-    torch.int8: "int8_t",
-    torch.uint8: "uint8_t",
-    torch.bool: "bool",
-}
-
 DEVICE_TYPE: dict[str, str] = {
     "cpu": "cppwrap::device::kCPU",
     "cuda": "cppwrap::device::kCUDA",

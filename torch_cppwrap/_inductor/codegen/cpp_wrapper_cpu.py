@@ -1293,10 +1293,6 @@ class CppWrapperCpu(PythonWrapperCodegen):
             """
         )
 
-    def add_benchmark_harness(self, output: IndentedBuffer) -> None:
-        # The Python harness calls `call(list(args))`, which our module serves.
-        super().add_benchmark_harness(output)
-
     # Python-only hooks that have no C++ counterpart here.
     def generate_reset_kernel_saved_flags(self) -> None:
         pass

@@ -39,7 +39,6 @@ import dataclasses
 import functools
 import hashlib
 import logging
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -61,8 +60,6 @@ from torch_cppwrap._inductor.codegen.shim_catalog import shim_function_exists
 log = logging.getLogger(__name__)
 
 CUDA_HEADER = codecache.RUNTIME_DIR / "cppwrap_cuda.h"
-_CUDA_SHIM_HEADER = "torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h"
-_SHIM_DECLARATION = re.compile(r"AOTITorchError\s+(aoti_torch_\w+)\s*\(")
 
 
 # ----------------------------------------------------------------------
@@ -93,22 +90,6 @@ LAUNCHER_PARAM_CTYPE: dict[str, str] = {
     "float": "double",
     "bool": "bool",
 }
-
-
-def cuda_shim_functions() -> frozenset[str]:
-    return _cuda_shim_functions()
-
-
-@functools.cache
-def _cuda_shim_functions() -> frozenset[str]:
-    header = Path(torch.__file__).resolve().parent / "include" / _CUDA_SHIM_HEADER
-    if not header.exists():
-        return frozenset()
-    return frozenset(_SHIM_DECLARATION.findall(header.read_text()))
-
-
-def is_cuda_shim_function(name: str) -> bool:
-    return name in cuda_shim_functions() or shim_function_exists(name)
 
 
 # ----------------------------------------------------------------------
@@ -688,7 +669,7 @@ class CppWrapperGpu(CppWrapperCpu):
                 kernel, out, out_view, args, device, stack_traces
             )
             return
-        if not is_cuda_shim_function(kernel):
+        if not shim_function_exists(kernel, "cuda"):
             raise NotImplementedError(f"torch_cppwrap: no C shim function {kernel}")
         out_arg = f"{out}.get()"
         if out_view:
@@ -702,7 +683,7 @@ class CppWrapperGpu(CppWrapperCpu):
         device = d.type if (d := node.get_device()) else self.device
         if device == "cuda" and isinstance(op, torch._ops.OpOverload):
             shim_fn = _compat.c_shim_function_name(op, device)
-            if shim_fn is not None and is_cuda_shim_function(shim_fn):
+            if shim_fn is not None and shim_function_exists(shim_fn, "cuda"):
                 PythonWrapperCodegen.generate_fallback_kernel(self, node)
                 return
         super().generate_fallback_kernel(node)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import sys
 import weakref
+from typing import Any
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +14,7 @@ from torch._inductor import config
 from torch._inductor.test_case import run_tests
 
 from tests.common import CppWrapperTestCase
+from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import HOST_READ, CppWrapperCpu
 
 
 class TestSeedAndPointwise(CppWrapperTestCase):
@@ -327,6 +330,55 @@ class TestOutputsAndInputs(CppWrapperTestCase):
         }
         self.assertIn(4, sizes)  # the 0-d sum
         self.assertIn(4 * 160, sizes)  # x * 2
+
+
+class TestRecordedFacts(CppWrapperTestCase):
+    """What the generator records as it emits the body, for whoever must know
+    what the body does (the CUDA wrapper, to decide on a CUDA-graph replay)."""
+
+    def compile_recording(self, fn: Any, *args: Any) -> CppWrapperCpu:
+        """Compiles and runs `fn` against eager; returns its one wrapper."""
+        expected = fn(*args)
+        created: list[CppWrapperCpu] = []
+        original = CppWrapperCpu.create.__func__  # type: ignore[attr-defined]
+
+        def recording_create(cls: type, *a: Any, **k: Any) -> CppWrapperCpu:
+            created.append(original(cls, *a, **k))
+            return created[-1]
+
+        with (
+            config.patch(cpp_wrapper=True, fx_graph_cache=False),
+            mock.patch.object(CppWrapperCpu, "create", classmethod(recording_create)),
+        ):
+            actual = torch.compile(fn)(*args)
+        self.assertEqual(actual, expected)
+        (wrapper,) = created
+        return wrapper
+
+    def test_kernels_only_block_nothing(self) -> None:
+        wrapper = self.compile_recording(lambda x: (x.sin() + 1).sum(), torch.randn(8))
+        self.assertEqual(wrapper.replay_blockers, [])
+        self.assertTrue(wrapper.launches)
+        self.assertEqual({device for device, _ in wrapper.launches}, {"cpu"})
+
+    def test_dispatcher_call_and_host_read_are_recorded(self) -> None:
+        @torch.library.custom_op("cppwrap_test::twice", mutates_args=())
+        def twice(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @twice.register_fake
+        def _(x):
+            return torch.empty_like(x)
+
+        def fn(p, x):
+            y = twice(x.sin())
+            return torch.cond(p, lambda y: y + 1, lambda y: y - 1, (y,))
+
+        wrapper = self.compile_recording(fn, torch.tensor(True), torch.randn(8))
+        self.assertEqual(
+            wrapper.replay_blockers,
+            ["cppwrap_test.twice.default runs through the dispatcher", HOST_READ],
+        )
 
 
 if __name__ == "__main__":

@@ -763,15 +763,17 @@ SERIES: tuple[Patch, ...] = (
     Patch(
         "Add tables of C++ spellings for wrapper arguments",
         """How a dtype, a scalar, a tensor handle or an optional argument is
-        spelled in C++ is data: small tables and one-line helpers, for the
-        arguments of C-shim calls (shim_args), for the boxed dispatcher calls
-        of ops without a shim (boxed_args), and the shim functions libtorch
-        was built with (shim_catalog).  Kept apart from the wrapper classes,
+        spelled in C++ is data: one table of argument kinds (arg_kinds), small
+        tables and one-line helpers, for the arguments of C-shim calls
+        (shim_args), for the boxed dispatcher calls of ops without a shim
+        (boxed_args), and the shim functions libtorch was built with
+        (shim_catalog).  Kept apart from the wrapper classes,
         they let the CPU and CUDA wrappers differ only where the devices do.
 
         Nothing uses them yet.""",
         files=(
             "_inductor/codegen/cpp_spellings.py",
+            "_inductor/codegen/arg_kinds.py",
             "_inductor/codegen/shim_catalog.py",
             "_inductor/codegen/shim_args.py",
             "_inductor/codegen/boxed_args.py",

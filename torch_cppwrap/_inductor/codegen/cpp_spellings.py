@@ -33,20 +33,6 @@ DTYPE_CODE: dict[torch.dtype, str] = {
     torch.float8_e4m3fnuz: "cppwrap::dtype::kFloat8_e4m3fnuz",
 }
 
-# The C type a kernel pointer argument points to, by dtype.
-DTYPE_CTYPE: dict[torch.dtype, str] = {
-    torch.float32: "float",
-    torch.float64: "double",
-    torch.float16: "at::Half",
-    torch.bfloat16: "at::BFloat16",
-    torch.int64: "int64_t",
-    torch.int32: "int32_t",
-    torch.int16: "int16_t",
-    torch.int8: "int8_t",
-    torch.uint8: "uint8_t",
-    torch.bool: "bool",
-}
-
 DEVICE_TYPE: dict[str, str] = {
     "cpu": "cppwrap::device::kCPU",
     "cuda": "cppwrap::device::kCUDA",
@@ -73,15 +59,19 @@ def dtype_code(dtype: torch.dtype) -> str:
         ) from None
 
 
-def device_args(device: torch.device) -> str:
-    """The (device_type, device_index) argument pair of a shim or runtime call."""
+def device_pair(device: torch.device) -> tuple[str, str]:
+    """The (device_type, device_index) arguments of a shim or runtime call."""
     try:
         kind = DEVICE_TYPE[device.type]
     except KeyError:
         raise NotImplementedError(
             f"torch_cppwrap: device type {device.type!r} is not supported"
         ) from None
-    return f"{kind}, {device.index or 0}"
+    return kind, str(device.index or 0)
+
+
+def device_args(device: torch.device) -> str:
+    return ", ".join(device_pair(device))
 
 
 def int_literal(value: int) -> str:

@@ -44,9 +44,17 @@ from torch.utils._ordered_set import OrderedSet
 
 from torch_cppwrap import _compat
 from torch_cppwrap._inductor.codegen import cpp_spellings as spell
+from torch_cppwrap._inductor.codegen.arg_kinds import ShimHandle
+from torch_cppwrap._inductor.codegen.boxed_args import push_argument
+from torch_cppwrap._inductor.codegen.shim_args import shim_argument
 from torch_cppwrap._inductor.codegen.shim_catalog import shim_function_exists
 
 CPP_PREFIX_INCLUDE = "#include <torch/csrc/inductor/cpp_prefix.h>"
+
+# Why a body cannot be captured as one CUDA graph, as recorded in
+# CppWrapperCpu.replay_blockers.
+HOST_READ = "the graph reads a value on the host"
+DEVICE_COPY = "the graph copies between devices"
 _IDENT_CHARS = frozenset(
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
 )
@@ -82,6 +90,13 @@ class CppWrapperCpu(PythonWrapperCodegen):
         # (op names): a fact for whoever must know that the graph
         # communicates, e.g. the CUDA wrapper's CUDA-graph replay.
         self.collective_ops: list[str] = []
+        # What the body does that a CUDA graph cannot capture: a reason for
+        # each such thing emitted, in program order (logged by the CUDA
+        # wrapper, which replays a graph only when there is none).
+        self.replay_blockers: list[str] = []
+        # The kernels and C-shim functions the body calls, in program order,
+        # each as (device type it runs on, function name).
+        self.launches: list[tuple[str, str]] = []
         super().__init__()
         self.declare = "auto "
         self.declare_maybe_reference = "auto& "
@@ -437,24 +452,34 @@ class CppWrapperCpu(PythonWrapperCodegen):
         return self.make_free_by_names([buffer.get_name()])
 
     def make_free_by_names(self, names_to_del: list[str]) -> str:
-        # An object input is let go when call_impl returns, with the GIL.
         return " ".join(
-            f"{name}.reset();"
-            for name in names_to_del
-            if name not in self.virtual_buffers and name not in self.input_objects
+            f"{name}.reset();" for name in names_to_del if self._holds_tensor(name)
         )
 
-    def codegen_exact_buffer_reuse(
-        self, old_name: str, new_name: str, del_line: str
-    ) -> str:
-        self.declared.add(new_name)
-        if "reset" in del_line:
-            return f"auto {new_name} = {self._moved(old_name)};  // reuse"
-        return f"auto {new_name} = {old_name}.clone_ref();  // reuse"
+    def _holds_tensor(self, name: str) -> bool:
+        """Whether freeing `name` releases a tensor: a node grouping a
+        fallback's outputs holds none, and an object input is let go when
+        call_impl returns, with the GIL."""
+        return name not in self.virtual_buffers and name not in self.input_objects
 
     def make_buffer_reuse(self, old: Any, new: Any, delete_old: bool) -> str:
-        self.declared.add(new.get_name())
-        return super().make_buffer_reuse(old, new, delete_old)
+        old_name, new_name = old.get_name(), new.get_name()
+        self.declared.add(new_name)
+        # At the old buffer's last use (unless the graph returns it) its
+        # tensor moves on to the new one.
+        frees_old = (
+            delete_old
+            and old_name not in V.graph.get_output_names()
+            and self._holds_tensor(old_name)
+        )
+        if old.get_size() == new.get_size() and old.get_stride() == new.get_stride():
+            value = self._moved(old_name) if frees_old else f"{old_name}.clone_ref()"
+            return f"auto {new_name} = {value};  // reuse"
+        view = self.codegen_reinterpret_view(
+            old, new.get_size(), new.get_stride(), 0, self.wrapper_call.writeline
+        )
+        free = f" {old_name}.reset();" if frees_old else ""
+        return f"auto {new_name} = {view};{free}  // reuse"
 
     def make_tensor_alias(self, new_name: str, old_name: str, comment: str = "") -> str:
         self.declared.add(new_name)
@@ -576,6 +601,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 args.append(self.codegen_sizevar(arg))
             else:
                 args.append(str(arg))
+        self.launches.append(((device or torch.device(self.device)).type, kernel_name))
         self.writeline(f"{kernel_name}({', '.join(args)});")
 
     def write_provenance_debug_handle(
@@ -599,7 +625,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
         op = parts[-2] if parts[-1] == "call" else parts[-1]
         return f"aoti_torch_{device}_{op}"
 
-    def _shim_call(self, shim_fn: str, args: Sequence[str], op_name: str) -> None:
+    def _shim_call(
+        self, shim_fn: str, args: Sequence[str], op_name: str, device: str
+    ) -> None:
+        self.launches.append((device, shim_fn))
         self.writeline(
             f"cppwrap::check_shim({shim_fn}({', '.join(args)}), {spell.string_literal(op_name)});"
         )
@@ -623,25 +652,26 @@ class CppWrapperCpu(PythonWrapperCodegen):
             view_name = f"{out}_as_strided"
             self.writeline(f"auto {view_name} = {out_view};")
             out_arg = f"{view_name}.get()"
-        self._shim_call(kernel, [out_arg, *args], kernel)
+        self._shim_call(kernel, [out_arg, *args], kernel, device)
 
     def _generate_extern_kernel_alloc_helper(
         self, extern_kernel: Any, args: list[str]
     ) -> None:
+        op = extern_kernel.op_overload
+        tags = op.tags if isinstance(op, torch._ops.OpOverload) else ()
+        if torch.Tag.data_dependent_output in tags:
+            self.replay_blockers.append(HOST_READ)
         if getattr(extern_kernel, "outputs", None):
             self.generate_c_shim_fallback_kernel(extern_kernel, args)
             return
         name = extern_kernel.get_name()
         kernel = extern_kernel.get_kernel_name()
-        op = extern_kernel.op_overload
-        inplace_view = (
-            isinstance(op, torch._ops.OpOverload) and torch.Tag.inplace_view in op.tags
-        )
-        if inplace_view:
-            self._shim_call(kernel, args, kernel)
+        device = d.type if (d := extern_kernel.get_device()) else self.device
+        if torch.Tag.inplace_view in tags:
+            self._shim_call(kernel, args, kernel, device)
             return
         self.writeline(f"AtenTensorHandle {name}_handle = nullptr;")
-        self._shim_call(kernel, [*args, f"&{name}_handle"], kernel)
+        self._shim_call(kernel, [*args, f"&{name}_handle"], kernel, device)
         self.writeline(f"auto {name} = cppwrap::Tensor::adopt({name}_handle);")
         self.declared.add(name)
 
@@ -675,7 +705,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.virtual_buffers.add(node.get_name())
         device = d.type if (d := node.get_device()) else self.device
         shim_fn = self.get_c_shim_func_name(node.cpp_kernel_name, device)
-        self._shim_call(shim_fn, [*args, *out_args], str(node.op_overload))
+        self._shim_call(shim_fn, [*args, *out_args], str(node.op_overload), device)
         for line in adopt:
             self.writeline(line)
 
@@ -718,7 +748,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
             self.val_to_arg_str(value, arg.real_type)
             for value, arg in zip(values, arguments, strict=True)
         ]
-        self._shim_call(shim_fn, args, str(op))
+        self._shim_call(shim_fn, args, str(op), device)
 
     def generate_fallback_kernel_with_runtime_lookup(
         self,
@@ -821,8 +851,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
     ) -> None:
         """A call through the dispatcher: arguments pushed by schema type,
         results read back into the output buffers."""
-        from torch_cppwrap._inductor.codegen.boxed_args import push_argument
-
+        self.replay_blockers.append(f"{op} runs through the dispatcher")
         handle = self._op_handle(op)
         # The node groups its outputs, unless it is its own one output (as an
         # out-of-place collective is).
@@ -834,7 +863,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         call = f"{buf_name}_call"
         self.writeline(f"cppwrap::BoxedCall {call}({handle}());")
         pushes = [
-            push_argument(self, value, arg.real_type)
+            push_argument(self.codegen_sizevar, value, arg.real_type)
             for arg, value in zip(op._schema.arguments, raw_args, strict=True)
         ]
         run = "run_below_autograd" if below_autograd else "run"
@@ -917,6 +946,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         if isinstance(value, ir.ShapeAsConstantBuffer):
             return f"static_cast<{ctype}>({value.codegen_reference()})"
         name = f"{node.get_name()}_selector"
+        self.replay_blockers.append(HOST_READ)
         read = f"cppwrap::item_long({value.codegen_reference()})"
         if ctype == "bool":
             read += " != 0"
@@ -962,6 +992,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
         cond_output = while_loop.cond_subgraph.graph.graph_outputs[0]
         result = f"{name}_cond"
         bool_predicate = isinstance(cond_output, ir.ShapeAsConstantBuffer)
+        if not bool_predicate:
+            self.replay_blockers.append(HOST_READ)
         self.writeline(
             f"bool {result} = false;"
             if bool_predicate
@@ -1029,12 +1061,17 @@ class CppWrapperCpu(PythonWrapperCodegen):
         )
 
     def codegen_device_copy(self, src: str, dst: str, non_blocking: Any) -> None:
-        # DeviceCopy passes `src`, `dst` and the flag through val_to_arg_str,
-        # so either tensor may already be spelled as a shim handle.
-        def handle(name: str) -> str:
-            return name if name.endswith(".get()") else f"{name}.get()"
+        # DeviceCopy spells `dst` as a cppwrap::Tensor, InplaceCopyFallback as
+        # a shim handle (through val_to_arg_str, as both spell `src` and the
+        # flag).
+        def handle(tensor: str) -> str:
+            return tensor if isinstance(tensor, ShimHandle) else f"{tensor}.get()"
 
-        flag = "1" if str(non_blocking) in ("True", "true", "1") else "0"
+        self.replay_blockers.append(DEVICE_COPY)
+        if isinstance(non_blocking, str):
+            flag = non_blocking
+        else:
+            flag = "1" if non_blocking else "0"
         self.writeline(
             f"cppwrap::check_shim(aoti_torch_copy_({handle(dst)}, {handle(src)}, {flag}), "
             '"copy_");'
@@ -1118,6 +1155,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         sym = str(node.sym)
         self.unbacked_symbol_decls.add(sym)
         self.virtual_buffers.add(node.get_name())
+        self.replay_blockers.append(HOST_READ)
         keypath = tuple(node.keypath)
         if not keypath:
             if node.inputs[0].get_dtype().is_floating_point:
@@ -1153,9 +1191,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
     # ------------------------------------------------------------------
 
     def val_to_arg_str(self, val: Any, type_: Any = None) -> str:
-        from torch_cppwrap._inductor.codegen.shim_args import shim_argument
-
-        return shim_argument(self, val, type_)
+        return shim_argument(self.codegen_sizevar, val, type_)
 
     # ------------------------------------------------------------------
     # outputs and the end of the module
@@ -1256,10 +1292,6 @@ class CppWrapperCpu(PythonWrapperCodegen):
             call = _module.call
             """
         )
-
-    def add_benchmark_harness(self, output: IndentedBuffer) -> None:
-        # The Python harness calls `call(list(args))`, which our module serves.
-        super().add_benchmark_harness(output)
 
     # Python-only hooks that have no C++ counterpart here.
     def generate_reset_kernel_saved_flags(self) -> None:

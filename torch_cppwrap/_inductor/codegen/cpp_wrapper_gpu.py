@@ -39,7 +39,6 @@ import dataclasses
 import functools
 import hashlib
 import logging
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -55,14 +54,12 @@ from torch.utils._ordered_set import OrderedSet
 from torch_cppwrap import _compat
 from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codegen import cpp_spellings as spell
-from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import HOST_READ, CppWrapperCpu
 from torch_cppwrap._inductor.codegen.shim_catalog import shim_function_exists
 
 log = logging.getLogger(__name__)
 
 CUDA_HEADER = codecache.RUNTIME_DIR / "cppwrap_cuda.h"
-_CUDA_SHIM_HEADER = "torch/csrc/inductor/aoti_torch/generated/c_shim_cuda.h"
-_SHIM_DECLARATION = re.compile(r"AOTITorchError\s+(aoti_torch_\w+)\s*\(")
 
 
 # ----------------------------------------------------------------------
@@ -93,22 +90,6 @@ LAUNCHER_PARAM_CTYPE: dict[str, str] = {
     "float": "double",
     "bool": "bool",
 }
-
-
-def cuda_shim_functions() -> frozenset[str]:
-    return _cuda_shim_functions()
-
-
-@functools.cache
-def _cuda_shim_functions() -> frozenset[str]:
-    header = Path(torch.__file__).resolve().parent / "include" / _CUDA_SHIM_HEADER
-    if not header.exists():
-        return frozenset()
-    return frozenset(_SHIM_DECLARATION.findall(header.read_text()))
-
-
-def is_cuda_shim_function(name: str) -> bool:
-    return name in cuda_shim_functions() or shim_function_exists(name)
 
 
 # ----------------------------------------------------------------------
@@ -419,16 +400,9 @@ class CppWrapperGpu(CppWrapperCpu):
         for node in V.graph.graph.nodes:
             if node.op == "call_function" and _is_random(node.target):
                 return f"the graph draws random numbers ({node.target})"
-        body = self.wrapper_call.getvalue()
-        for marker, reason in (
-            ("cppwrap::BoxedCall", "an op runs through the dispatcher"),
-            ("aoti_torch_copy_", "the graph copies between devices"),
-            ("cppwrap::item_", "the graph reads a value on the host"),
-            ("_local_scalar_dense", "the graph reads a value on the host"),
-        ):
-            if marker in body:
-                return reason
-        launches = len(re.findall(r"\blaunch_\w+\(|\baoti_torch_cuda_\w+\(", body))
+        if self.replay_blockers:
+            return self.replay_blockers[0]
+        launches = sum(device == self.device for device, _ in self.launches)
         if launches < self.min_launches_for_cuda_graph:
             return f"only {launches} launch(es)"
         return None
@@ -602,6 +576,7 @@ class CppWrapperGpu(CppWrapperCpu):
                 f"torch_cppwrap: Triton kernel {kernel_name} is called with different "
                 f"argument kinds ({known.kinds} and {signature.kinds})"
             )
+        self.launches.append((device.type, kernel_name))
         self.writeline(
             f"launch_{kernel_name}({', '.join([str(index), stream, *values])});"
         )
@@ -630,6 +605,7 @@ class CppWrapperGpu(CppWrapperCpu):
             if isinstance(arg_type, torch.dtype):
                 if should_unwrap_unspec_arg(arg):
                     # A Python scalar that dynamo passed as a 0-d CPU tensor.
+                    self.replay_blockers.append(HOST_READ)
                     if arg_type.is_floating_point:
                         return "float", f"cppwrap::item_double({arg})"
                     return "int", f"cppwrap::item_long({arg})"
@@ -693,21 +669,21 @@ class CppWrapperGpu(CppWrapperCpu):
                 kernel, out, out_view, args, device, stack_traces
             )
             return
-        if not is_cuda_shim_function(kernel):
+        if not shim_function_exists(kernel, "cuda"):
             raise NotImplementedError(f"torch_cppwrap: no C shim function {kernel}")
         out_arg = f"{out}.get()"
         if out_view:
             view_name = f"{out}_as_strided"
             self.writeline(f"auto {view_name} = {out_view};")
             out_arg = f"{view_name}.get()"
-        self._shim_call(kernel, [out_arg, *args], kernel)
+        self._shim_call(kernel, [out_arg, *args], kernel, device)
 
     def generate_fallback_kernel(self, node: Any) -> None:
         op = node.op_overload
         device = d.type if (d := node.get_device()) else self.device
         if device == "cuda" and isinstance(op, torch._ops.OpOverload):
             shim_fn = _compat.c_shim_function_name(op, device)
-            if shim_fn is not None and is_cuda_shim_function(shim_fn):
+            if shim_fn is not None and shim_function_exists(shim_fn, "cuda"):
                 PythonWrapperCodegen.generate_fallback_kernel(self, node)
                 return
         super().generate_fallback_kernel(node)

@@ -1,165 +1,88 @@
-"""Spelling an op argument for a C-shim call, by its schema type.
+"""Spelling an op argument for a C-shim call.
 
 The C shim flattens the schema: a list becomes (pointer, length), an optional
 becomes a pointer (null for None), a bool an int32_t, a Device the pair
 (device_type, device_index).  Inductor asks for each argument through
-``wrapper.val_to_arg_str(value, type)``; this module answers.
+``wrapper.val_to_arg_str(value, type)``; this module answers, from the
+argument's kind (arg_kinds.py).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import sympy
 import torch
-from torch._inductor import ir
-from torch._inductor.codegen.cpp_utils import cexpr
 
-from torch_cppwrap._inductor.codegen import cpp_spellings as spell
-
-if TYPE_CHECKING:
-    from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+from torch_cppwrap._inductor.codegen import arg_kinds
+from torch_cppwrap._inductor.codegen.arg_kinds import ShimHandle, SizeVar, is_list_type
 
 
-def _is_tensor_value(val: Any) -> bool:
-    return isinstance(val, ir.IRNode) or type(val).__name__ == "Shim"
+def shim_argument(sizevar: SizeVar, val: Any, type_: Any = None) -> str:
+    values = shim_values(sizevar, val, type_)
+    # One value is returned as it is: a tensor's stays a ShimHandle.
+    return values[0] if len(values) == 1 else ", ".join(values)
 
 
-def tensor_ref(val: Any) -> str:
-    """The C++ expression of a cppwrap::Tensor for an IR tensor value."""
-    if isinstance(val, ir.IRNode):
-        return val.codegen_reference()
-    return repr(val)  # a pre-rendered reference
-
-
-def is_scalar_value(val: Any) -> bool:
-    """A number (Python or symbolic) standing where the schema has a Tensor."""
-    return isinstance(
-        val, (bool, int, float, complex, sympy.Expr, torch.SymInt, torch.SymFloat)
-    ) and not isinstance(val, ir.IRNode)
-
-
-def scalar_tensor(wrapper: CppWrapperCpu, val: Any) -> str:
-    """A 0-d tensor holding a number passed for a Tensor argument."""
-    if isinstance(val, complex):
-        real, imag = spell.float_literal(val.real), spell.float_literal(val.imag)
-        return f"cppwrap::scalar_to_tensor_complex({real}, {imag})"
-    if isinstance(val, (torch.SymInt, torch.SymFloat)):
-        val = val.node.expr
-    floating = isinstance(val, float) or (
-        isinstance(val, sympy.Expr) and not val.is_integer
-    )
-    cast = "double" if floating else "int64_t"
-    return f"cppwrap::scalar_to_tensor({cast}({scalar(wrapper, val)}))"
+def shim_values(sizevar: SizeVar, val: Any, type_: Any = None) -> tuple[str, ...]:
+    """The C arguments one op argument becomes."""
+    if isinstance(type_, torch.OptionalType):
+        return _optional(sizevar, val, type_.getElementType())
+    if val is None:
+        if isinstance(type_, torch.TensorType):
+            return (ShimHandle("cppwrap::undefined_tensor().get()"),)
+        return ("nullptr",)
+    if is_list_type(type_):
+        if not isinstance(val, (list, tuple)):
+            raise NotImplementedError(
+                f"torch_cppwrap: {val!r} is not a list for {type_}"
+            )
+        return _array(sizevar, list(val), type_.getElementType())
+    if type_ is None and isinstance(val, (list, tuple)):
+        # Untyped lists (no schema): lists of ints.
+        return _array(sizevar, list(val), torch.IntType.get())
+    return _kind(type_, val).shim_args(sizevar, val)
 
 
 def element_ctype(type_: Any, sample: Any = None) -> str:
     """The C type of one element of a shim list argument."""
     if isinstance(type_, torch.OptionalType):
-        inner = type_.getElementType()
-        if isinstance(inner, torch.TensorType):
-            return "const AtenTensorHandle*"
-        return f"{element_ctype(inner, sample)}*"
-    if isinstance(type_, torch.TensorType):
-        return "AtenTensorHandle"
-    if isinstance(type_, (torch.IntType, torch.SymIntType)):
-        return "int64_t"
-    if isinstance(type_, torch.FloatType):
-        return "double"
-    if isinstance(type_, (torch.BoolType, torch.SymBoolType)):
-        return "int32_t"
-    if isinstance(type_, torch.NumberType):
-        return "int32_t" if isinstance(sample, bool) else "double"
-    if isinstance(type_, torch.StringType):
-        return "const char*"
-    if repr(type_) in ("ScalarType", "Layout", "MemoryFormat"):
-        return "int32_t"
-    if sample is not None:
-        if isinstance(sample, bool):
-            return "int32_t"
-        if isinstance(sample, (int, sympy.Expr)):
-            return "int64_t"
-        if isinstance(sample, float):
-            return "double"
-    raise NotImplementedError(f"torch_cppwrap: no C type for schema type {type_}")
+        inner = _kind(type_.getElementType(), sample)
+        # The C shim takes a list of optional tensors as `const AtenTensorHandle**`.
+        return (
+            "const AtenTensorHandle*"
+            if inner is arg_kinds.TENSOR
+            else f"{inner.ctype}*"
+        )
+    return _kind(type_, sample).ctype
 
 
-def scalar(wrapper: CppWrapperCpu, val: Any) -> str:
-    """A Python scalar, sympy expression or torch enum as a C++ literal."""
-    if isinstance(val, bool):
-        return "1" if val else "0"
-    if isinstance(val, int):
-        return spell.int_literal(val)
-    if isinstance(val, float):
-        return spell.float_literal(val)
-    if isinstance(val, str):
-        return spell.string_literal(val)
-    if isinstance(val, torch.dtype):
-        return spell.dtype_code(val)
-    if isinstance(val, torch.device):
-        return spell.device_args(val)
-    if isinstance(val, torch.layout):
-        return spell.LAYOUT_CODE[val]
-    if isinstance(val, torch.memory_format):
-        return spell.MEMORY_FORMAT_CODE[val]
-    if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return cexpr(val.node.expr)
-    if isinstance(val, sympy.Expr):
-        return wrapper.codegen_sizevar(val)
-    if isinstance(val, complex):
+def _kind(type_: Any, val: Any) -> arg_kinds.ArgKind:
+    kind = arg_kinds.kind_of(type_, val)
+    if kind is None:
         raise NotImplementedError(
-            "torch_cppwrap: complex scalar arguments are not supported by the C shim"
+            f"torch_cppwrap: argument {val!r} ({type_}) is not supported by the C shim"
         )
-    raise NotImplementedError(
-        f"torch_cppwrap: argument {val!r} of type {type(val).__name__} is not supported"
-    )
+    return kind
 
 
-def shim_argument(wrapper: CppWrapperCpu, val: Any, type_: Any = None) -> str:
+def _array(sizevar: SizeVar, values: list[Any], element: Any) -> tuple[str, str]:
+    if not values:
+        return ("nullptr", "0")
+    items = ", ".join(shim_argument(sizevar, v, element) for v in values)
+    ctype = element_ctype(element, values[0])
+    return f"cppwrap::array_of<{ctype}>({items}).data()", str(len(values))
+
+
+def _optional(sizevar: SizeVar, val: Any, inner: Any) -> tuple[str, ...]:
+    """A pointer to the value (null for None), and the length or device index
+    that follows it where the C shim takes one."""
     if val is None:
-        if isinstance(type_, torch.TensorType):
-            return "cppwrap::undefined_tensor().get()"
-        inner = (
-            type_.getElementType() if isinstance(type_, torch.OptionalType) else None
-        )
-        if isinstance(inner, (torch.DeviceObjType, torch.ListType, torch.TupleType)):
-            return "nullptr, 0"
-        return "nullptr"
-
-    if isinstance(type_, torch.OptionalType):
-        inner = type_.getElementType()
-        text = shim_argument(wrapper, val, inner)
-        if isinstance(inner, (torch.ListType, torch.TupleType, torch.DeviceObjType)):
-            main, length = text.rsplit(", ", maxsplit=1)
-            if isinstance(inner, torch.DeviceObjType):
-                main = f"int32_t({main})"
-            return f"cppwrap::address_of({main}), {length}"
-        if isinstance(inner, torch.TensorType):
-            return f"cppwrap::address_of({text})"
-        # static_cast: a functional cast cannot name `const char*`.
-        return f"cppwrap::address_of(static_cast<{element_ctype(inner, val)}>({text}))"
-
-    if isinstance(type_, (torch.ListType, torch.TupleType)):
-        if not isinstance(val, (list, tuple)):
-            raise NotImplementedError(
-                f"torch_cppwrap: {val!r} is not a list for {type_}"
-            )
-        if len(val) == 0:
-            return "nullptr, 0"
-        element = type_.getElementType()
-        items = [shim_argument(wrapper, v, element) for v in val]
-        ctype = element_ctype(element, val[0])
-        return f"cppwrap::array_of<{ctype}>({', '.join(items)}).data(), {len(val)}"
-
-    if isinstance(type_, torch.TensorType) or (type_ is None and _is_tensor_value(val)):
-        if is_scalar_value(val):
-            return f"{scalar_tensor(wrapper, val)}.get()"
-        return f"{tensor_ref(val)}.get()"
-
-    if isinstance(val, (list, tuple)):
-        # Untyped lists (no schema): lists of ints.
-        items = [scalar(wrapper, v) for v in val]
-        if not items:
-            return "nullptr, 0"
-        return f"cppwrap::array_of<int64_t>({', '.join(items)}).data(), {len(items)}"
-    return scalar(wrapper, val)
+        if is_list_type(inner) or arg_kinds.schema_kind(inner) is arg_kinds.DEVICE:
+            return ("nullptr", "0")
+        return ("nullptr",)
+    first, *rest = shim_values(sizevar, val, inner)
+    if is_list_type(inner) or _kind(inner, val) is arg_kinds.TENSOR:
+        return (f"cppwrap::address_of({first})", *rest)
+    # static_cast: a functional cast cannot name `const char*`.
+    ctype = element_ctype(inner, val)
+    return (f"cppwrap::address_of(static_cast<{ctype}>({first}))", *rest)

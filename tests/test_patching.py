@@ -11,12 +11,21 @@ import textwrap
 import torch
 import torch._inductor.codecache as inductor_codecache
 from torch._inductor import ir
-from torch._inductor.codegen import common
+from torch._inductor.codegen import common, cpp
 from torch._inductor.test_case import TestCase, run_tests
 
 import torch_cppwrap
 from torch_cppwrap import _compat, _patching
 from torch_cppwrap._inductor.codecache import CppWrapperCodeCache
+from torch_cppwrap._inductor.codegen.cpp_parallel_errors import CatchingWorkSharing
+
+# Names in Inductor's C++ kernel codegen that patch() replaces.
+KERNEL_CODEGEN_NAMES = [
+    (cpp, "WorkSharing"),
+    (cpp.CppKernel, "check_bounds"),
+    (cpp.CppKernel, "device_assert_async"),
+    (cpp.CppKernelProxy, "gen_body"),
+]
 
 
 class TestPatching(TestCase):
@@ -38,6 +47,7 @@ class TestPatching(TestCase):
         self.assertIs(
             ir.ExternKernel.try_get_kernel_name, _patching._try_get_kernel_name
         )
+        self.assertIs(cpp.WorkSharing, CatchingWorkSharing)
         tag = common.custom_backend_passes["cpu"]
         self.assertEqual(tag.uuid()[0], "torch_cppwrap")
 
@@ -60,6 +70,7 @@ class TestPatching(TestCase):
         for owner, name in [
             (GraphLowering, "_compile_to_module"),
             (ir.InplaceBernoulliFallback, "codegen"),
+            *KERNEL_CODEGEN_NAMES,
         ]:
             self.assertIsNot(
                 getattr(owner, name), torch_cppwrap.get_original(owner, name)
@@ -110,6 +121,7 @@ class TestPatching(TestCase):
             for owner, name in [
                 (GraphLowering, "_compile_to_module"),
                 (ir.InplaceBernoulliFallback, "codegen"),
+                *KERNEL_CODEGEN_NAMES,
             ]
         }
 

@@ -198,16 +198,23 @@ class TestInputChecks(CppWrapperTestCase):
             self.assertIn("cpu no error", out)
 
 
-# Compiles x[idx] * 2 with Inductor's C++ kernels on `threads` threads and
-# gives it an index out of bounds; prints what the call raised.
+# Compiles a gather with Inductor's C++ kernels on `threads` threads, says
+# whether its kernel runs in a parallel region and checks its index as a
+# vector, then gives it an index out of bounds and prints what the call raised.
+# "rows" (x[idx]) checks one index per row in a vectorized loop, "columns"
+# (x[:, idx]) checks a vector of indices.
 _INDEX_ERROR_CHILD = """
 import sys, torch, torch_cppwrap
 from torch._inductor import config
+from torch._inductor.utils import run_and_get_code
 config.cpp_wrapper = True
 config.cpp.threads = int(sys.argv[1])
-f = torch.compile(lambda x, idx: x[idx] * 2)
+gathers = {"rows": lambda x, idx: x[idx] * 2, "columns": lambda x, idx: x[:, idx] * 2}
+f = torch.compile(gathers[sys.argv[2]])
 x, idx = torch.randn(64, 512), torch.randint(0, 64, (4096,))
-f(x, idx)
+_, (source,) = run_and_get_code(f, x, idx)
+print("parallel:", "#pragma omp parallel" in source)
+print("vector check:", "all_masked()" in source)
 idx[100] = 1000
 try:
     f(x, idx)
@@ -218,9 +225,11 @@ except Exception as e:
 
 
 class TestKernelErrors(CppWrapperTestCase):
-    def index_error_outcome(self, threads: int) -> subprocess.CompletedProcess[str]:
+    def index_error_outcome(
+        self, threads: int, gather: str = "rows"
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-c", _INDEX_ERROR_CHILD, str(threads)],
+            [sys.executable, "-c", _INDEX_ERROR_CHILD, str(threads), gather],
             capture_output=True,
             text=True,
             timeout=600,
@@ -229,19 +238,50 @@ class TestKernelErrors(CppWrapperTestCase):
     def test_index_error_in_serial_kernel_raises(self) -> None:
         proc = self.index_error_outcome(threads=1)
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn("parallel: False", proc.stdout)
         self.assertRegex(proc.stdout, "RuntimeError .*index out of bounds")
 
-    # Inductor's kernels check indices with TORCH_CHECK, which throws; inside
-    # `#pragma omp parallel` nothing catches it before the OpenMP runtime, so
-    # the process calls std::terminate, as with the Python wrapper and
-    # upstream's C++ wrapper.  Catching it needs Inductor's kernel codegen to
-    # catch in each worksharing loop and rethrow after the region (as it does
-    # for integer division by zero); see the README.
-    @unittest.expectedFailure
+    # An exception must not leave an OpenMP parallel region (std::terminate):
+    # the kernel catches it in the loop, skips what is left, and rethrows it
+    # after the region (_inductor/codegen/cpp_parallel_errors.py).
     def test_index_error_in_parallel_kernel_raises(self) -> None:
         proc = self.index_error_outcome(threads=2)
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn("parallel: True", proc.stdout)
         self.assertRegex(proc.stdout, "RuntimeError .*index out of bounds")
+
+    def test_vectorized_index_error_in_parallel_kernel_raises(self) -> None:
+        proc = self.index_error_outcome(threads=2, gather="columns")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn("parallel: True", proc.stdout)
+        self.assertIn("vector check: True", proc.stdout)
+        self.assertRegex(proc.stdout, "RuntimeError .*index out of bounds")
+
+    def test_only_kernels_that_can_throw_catch(self) -> None:
+        def fn(x, idx):
+            return x[idx] * 2, x.sin().sum(dim=1)
+
+        x, idx = torch.randn(64, 512), torch.randint(0, 64, (4096,))
+        with config.patch({"cpp.threads": 2}):
+            (source,) = self.check(fn, (x, idx))
+        kernels = source.split("kernel_src = ")[1]
+        # One guarded body, in the gather; the sum's kernel is Inductor's own.
+        self.assertEqual(kernels.count("catch (...)"), 1)
+        self.assertEqual(kernels.count("std::rethrow_exception(parallel_error)"), 1)
+
+    def test_python_wrapper_kernels_are_unchanged(self) -> None:
+        from torch._inductor.utils import run_and_get_code
+
+        x, idx = torch.randn(64, 512), torch.randint(0, 64, (4096,))
+        torch._dynamo.reset()
+        with config.patch(
+            {"cpp_wrapper": False, "fx_graph_cache": False, "cpp.threads": 2}
+        ):
+            _, (source,) = run_and_get_code(
+                torch.compile(lambda x, idx: x[idx] * 2), x, idx
+            )
+        self.assertIn("#pragma omp parallel", source)
+        self.assertNotIn("parallel_error", source)
 
 
 class TestExceptionTypes(CppWrapperTestCase):

@@ -96,6 +96,10 @@ DEFERRED: dict[str, str] = {
     "generate or build (with config.py's `strict`); upstream it belongs in "
     "GraphLowering.compile_to_module, a change of behaviour for every device that "
     "wants its own patch and review after this series",
+    "_inductor/codegen/cpp_parallel_errors.py": "exceptions carried out of "
+    "OpenMP-parallel kernel regions; the package patches Inductor's WorkSharing "
+    "and CppKernelProxy.gen_body at import, upstream it is a direct edit of "
+    "codegen/cpp.py that changes every C++ kernel's code and wants its own patch",
 }
 
 

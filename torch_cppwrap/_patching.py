@@ -17,7 +17,11 @@ What is replaced:
   upstream's wrapper class, and the ``codegen`` of the IR nodes in
   ``ROUTED_CODEGEN``, which spell C++ for upstream's handle type;
 * ``GraphLowering._compile_to_module``, so that a graph our wrapper cannot
-  generate or build falls back to the Python wrapper (``_inductor/graph.py``).
+  generate or build falls back to the Python wrapper (``_inductor/graph.py``);
+* in Inductor's C++ kernel codegen (``codegen/cpp.py``), ``WorkSharing`` and
+  the methods ``_kernel_codegen`` names: a kernel that can throw inside an
+  OpenMP-parallel region catches there and rethrows after it, for our
+  wrapper only (``_inductor/codegen/cpp_parallel_errors.py``).
 """
 
 from __future__ import annotations
@@ -162,6 +166,32 @@ ROUTED_CODEGEN: dict[str, str] = {
 }
 
 
+# (class in torch._inductor.codegen.cpp, method) -> what makes its
+# replacement from the original.
+def _kernel_codegen() -> dict[tuple[str, str], Any]:
+    from torch_cppwrap._inductor.codegen import cpp_parallel_errors as errors
+
+    return {
+        ("CppKernel", "check_bounds"): errors.recording_check_bounds,
+        ("CppKernel", "device_assert_async"): errors.recording_device_assert,
+        ("CppKernelProxy", "gen_body"): errors.catching_gen_body,
+    }
+
+
+def _patch_kernel_codegen() -> None:
+    from torch._inductor.codegen import cpp
+
+    from torch_cppwrap._inductor.codegen.cpp_parallel_errors import (
+        CatchingWorkSharing,
+    )
+
+    # KernelGroup makes its WorkSharing through the module's global.
+    _replace(cpp, "WorkSharing", CatchingWorkSharing)
+    for (class_name, name), make in _kernel_codegen().items():
+        owner = getattr(cpp, class_name)
+        _replace(owner, name, make(get_original(owner, name)))
+
+
 def _routed_codegen(node_class: type, method: str) -> Any:
     original = get_original(node_class, "codegen")
 
@@ -257,6 +287,7 @@ def patch() -> None:
             node_class = getattr(ir, class_name, None)
             if node_class is not None:
                 _replace(node_class, "codegen", _routed_codegen(node_class, method))
+        _patch_kernel_codegen()
         _patched = True
 
 

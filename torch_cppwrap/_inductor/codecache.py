@@ -424,10 +424,14 @@ class _Toolchain:
         return Build("module", sources, self._options(), libraries=libraries)
 
     def runtime_extension(self) -> Build:
+        """The runtime extension: libtorch's headers, Inductor's wrapper
+        optimisation level.  Parsing the headers is most of its minute on a
+        cold cache; -O3 would add a fifth to that for code that only moves
+        handles and calls into libtorch, where the work is."""
         return Build(
             "runtime",
             (RUNTIME_SOURCE.name, *self.shared_libstdcxx),
-            self._options(include_pytorch=True),
+            self._options(include_pytorch=True, min_optimize=True),
             (str(RUNTIME_DIR),),
         )
 
@@ -602,20 +606,25 @@ _prefetched: set[tuple[Path, str]] = set()
 def prefetch(device_type: str) -> None:
     """Starts building, in the background, what every module for
     `device_type` needs from this cache: the runtime extension and the
-    wrapper's precompiled header.  Called as Inductor starts generating a
-    graph's code, so that in a new cache these builds overlap code generation
-    instead of following it.  A failure is left for the load that needs the
-    artefact to raise."""
+    wrapper's precompiled header (and for CPU, whose graphs have Inductor's
+    C++ kernels, the kernels' precompiled header).  Called as Inductor starts
+    generating a graph's code, so that in a new cache these builds overlap
+    code generation instead of following it.  A failure is left for the load
+    that needs the artefact to raise."""
     if device_type not in DEVICE_BUILD:
         return
     with _prefetch_lock:
         if (cache_root(), device_type) in _prefetched:
             return
         _prefetched.add((cache_root(), device_type))
-    for work, args in (
+    tc = toolchain()
+    builds: list[tuple[Callable[..., object], tuple[Any, ...]]] = [
         (RuntimeExtension.load, ()),
-        (wrapper_runtime_pch, (toolchain(), device_type)),
-    ):
+        (wrapper_runtime_pch, (tc, device_type)),
+    ]
+    if device_type == "cpu":
+        builds.append((kernel_prefix_pch, (tc,)))
+    for work, args in builds:
         # Daemon threads: a process that ends meanwhile does not wait for
         # them (the build directory left behind is removed by the next build).
         threading.Thread(

@@ -12,8 +12,8 @@ never copied into this repository.  Each file runs in two pytest subprocesses:
   conformance_plugin next to this file does it, and stops the run if the
   import patched nothing).
 
-Each run gets a fresh TORCHINDUCTOR_CACHE_DIR (and Triton and torch_cppwrap
-caches) under the work directory, so no cache of the user's is read or
+Each run gets a fresh TORCHINDUCTOR_CACHE_DIR (which holds torch_cppwrap's
+cache too) and Triton cache under the work directory, so no cache of the user's is read or
 written; each test a time limit (SIGALRM, in the plugin), each run a time
 limit as a whole.  Outcomes come from pytest's JUnit XML.  The exit status
 is 1 when some test passes upstream and fails ours, 0 otherwise.

@@ -218,6 +218,36 @@ class TestRuns(TestCase):
                 (tmp / "work" / "test_synthetic" / "ours" / "cache").exists()
             )
 
+    def test_ours_first_reruns_only_what_ours_did_not_pass(self) -> None:
+        import dataclasses
+
+        with tempfile.TemporaryDirectory() as name:
+            tmp = Path(name)
+            self.setup_dirs(tmp)
+            options = dataclasses.replace(self.options(tmp), ours_first=True)
+            report = conformance.run_file("test_synthetic.py", options)
+            self.assertEqual(len(report.ours.results), 3)
+            self.assertEqual(
+                sorted(report.upstream.results),
+                ["test_synthetic::test_differs", "test_synthetic::test_skipped"],
+            )
+            found = conformance.regressions(
+                report.upstream.results, report.ours.results
+            )
+            self.assertEqual(
+                [c.test_id for c in found], ["test_synthetic::test_differs"]
+            )
+
+    def test_node_id(self) -> None:
+        self.assertEqual(
+            conformance.node_id("test_torchinductor.CpuTests::test_add_cpu"),
+            "test_torchinductor.py::CpuTests::test_add_cpu",
+        )
+        self.assertEqual(
+            conformance.node_id("test_synthetic::test_same[a.b]"),
+            "test_synthetic.py::test_same[a.b]",
+        )
+
     def test_no_tests_collected(self) -> None:
         with tempfile.TemporaryDirectory() as name:
             tmp = Path(name)

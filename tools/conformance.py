@@ -17,6 +17,10 @@ cache too) and Triton cache under the work directory, so no cache of the user's 
 written; each test a time limit (SIGALRM, in the plugin), each run a time
 limit as a whole.  Outcomes come from pytest's JUnit XML.  The exit status
 is 1 when some test passes upstream and fails ours, 0 otherwise.
+
+With --ours-first, ours runs over every test and upstream only over the tests
+ours did not pass: a test ours passes cannot be a regression, so the slower
+upstream run shrinks to a handful of tests on a large file.
 """
 
 from __future__ import annotations
@@ -136,6 +140,8 @@ class Options:
     python: str
     # Our wrapper raises instead of falling back to the Python wrapper.
     strict: bool = False
+    # Upstream runs only over the tests ours did not pass.
+    ours_first: bool = False
 
 
 # -- JUnit XML ---------------------------------------------------------------
@@ -305,11 +311,33 @@ def render_report(reports: Sequence[FileReport], header: Sequence[str]) -> str:
 # -- running pytest -------------------------------------------------------------
 
 
+def node_id(test_id: str) -> str:
+    """pytest's node id for a JUnit test id (``pkg.module.Class::name``)."""
+    classname, _, name = test_id.partition("::")
+    module, classes = classname, ""
+    # JUnit joins module and class with dots; class names start upper-case.
+    parts = classname.split(".")
+    for i, part in enumerate(parts):
+        if part[:1].isupper():
+            module, classes = ".".join(parts[:i]), "::".join(parts[i:])
+            break
+    path = module.replace(".", "/") + ".py"
+    return "::".join(p for p in (path, classes, name) if p)
+
+
 def pytest_command(
-    name: str, spec: FileSpec, options: Options, junit: Path
+    name: str,
+    spec: FileSpec,
+    options: Options,
+    junit: Path,
+    only: Sequence[str] | None = None,
 ) -> list[str]:
-    target = f"{name}::{spec.selector}" if spec.selector else name
-    command = [options.python, "-m", "pytest", target, "-p", PLUGIN]
+    """The pytest command line for one file; ``only`` limits it to those node ids."""
+    if only is not None:
+        targets = list(only)
+    else:
+        targets = [f"{name}::{spec.selector}" if spec.selector else name]
+    command = [options.python, "-m", "pytest", *targets, "-p", PLUGIN]
     # Our own empty ini and conftest cut-off: no addopts or conftest.py from a
     # pytorch checkout around the test files changes how they run.
     command += ["-c", str(options.work_dir / "pytest.ini")]
@@ -319,7 +347,7 @@ def pytest_command(
     test_dir = str(options.test_dir)
     command += ["--rootdir", test_dir, "--confcutdir", test_dir]
     command += [f"--junitxml={junit}", "--tb=short", "-q"]
-    if options.keyword:
+    if options.keyword and only is None:
         command += ["-k", options.keyword]
     if options.jobs > 1:
         command += ["-n", str(options.jobs)]
@@ -380,7 +408,9 @@ def run_subprocess(
                 proc.wait()
 
 
-def run_mode(name: str, mode: str, options: Options) -> RunResult:
+def run_mode(
+    name: str, mode: str, options: Options, only: Sequence[str] | None = None
+) -> RunResult:
     spec = FILE_SPECS.get(name, FileSpec())
     run_dir = options.work_dir / Path(name).stem / mode
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -390,7 +420,7 @@ def run_mode(name: str, mode: str, options: Options) -> RunResult:
     stand_ins.unlink(missing_ok=True)
     started = time.monotonic()
     code = run_subprocess(
-        pytest_command(name, spec, options, junit),
+        pytest_command(name, spec, options, junit, only),
         pytest_env(mode, spec, options, run_dir),
         options.test_dir,
         log,
@@ -404,19 +434,40 @@ def run_mode(name: str, mode: str, options: Options) -> RunResult:
     return RunResult(mode, code, seconds, log, results, sorted(set(lines)))
 
 
+def _run_and_say(
+    name: str, mode: str, options: Options, only: Sequence[str] | None = None
+) -> RunResult:
+    scope = "" if only is None else f" ({len(only)} tests ours did not pass)"
+    print(f"[conformance] {name}: {mode}{scope} ...", file=sys.stderr, flush=True)
+    run = run_mode(name, mode, options, only)
+    print(
+        f"[conformance] {name}: {mode}: {_exit_text(run)}, "
+        f"{len(run.results)} tests, {run.seconds:.0f}s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return run
+
+
 def run_file(name: str, options: Options) -> FileReport:
-    runs: dict[str, RunResult] = {}
-    for mode in MODES:
-        print(f"[conformance] {name}: {mode} ...", file=sys.stderr, flush=True)
-        runs[mode] = run_mode(name, mode, options)
-        run = runs[mode]
-        print(
-            f"[conformance] {name}: {mode}: {_exit_text(run)}, "
-            f"{len(run.results)} tests, {run.seconds:.0f}s",
-            file=sys.stderr,
-            flush=True,
-        )
-    return FileReport(name, runs["upstream"], runs["ours"])
+    if not options.ours_first:
+        upstream = _run_and_say(name, "upstream", options)
+        return FileReport(name, upstream, _run_and_say(name, "ours", options))
+    ours = _run_and_say(name, "ours", options)
+    # Collection failures have no node id to rerun; everything else ours did
+    # not pass gets its upstream outcome.
+    failures = set(collection_errors(ours.results))
+    rerun = sorted(
+        node_id(r.test_id)
+        for r in ours.results.values()
+        if r.outcome != "passed" and r not in failures
+    )
+    if rerun:
+        upstream = _run_and_say(name, "upstream", options, rerun)
+    else:
+        log = options.work_dir / Path(name).stem / "upstream" / "pytest.log"
+        upstream = RunResult("upstream", 0, 0.0, log, {})
+    return FileReport(name, upstream, ours)
 
 
 # -- command line ----------------------------------------------------------------
@@ -468,6 +519,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--python", default=sys.executable, help="interpreter the tests run with"
     )
     parser.add_argument(
+        "--ours-first",
+        action="store_true",
+        help="run ours over every test, then upstream only over the tests "
+        "ours did not pass",
+    )
+    parser.add_argument(
         "--strict",
         action="store_true",
         help="our wrapper raises where it would fall back to the Python wrapper",
@@ -503,6 +560,7 @@ def make_options(args: argparse.Namespace) -> Options:
         run_timeout=args.run_timeout,
         python=args.python,
         strict=args.strict,
+        ours_first=args.ours_first,
     )
 
 
@@ -523,6 +581,11 @@ def report_header(options: Options) -> list[str]:
         if options.strict
         else "- ours: default settings (a graph ours cannot handle falls back "
         "to the Python wrapper)",
+        *(
+            ["- upstream: run only over the tests ours did not pass (--ours-first)"]
+            if options.ours_first
+            else []
+        ),
     ]
 
 

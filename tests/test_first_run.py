@@ -102,6 +102,37 @@ class TestFirstBuildMessages(TestCase):
         self.assertRegex(first[1], r"^torch_cppwrap: building .*: done in \d+\.\d s$")
         self.assertEqual(later, [])  # built once: later runs say nothing
 
+    def step_messages(self, remove_build_dir: bool) -> list[str]:
+        stderr = io.StringIO()
+        with tempfile.TemporaryDirectory() as tmp:
+            build_dir = Path(tmp, "build")
+            build_dir.mkdir()
+            with (
+                contextlib.redirect_stderr(stderr),
+                self.assertRaisesRegex(RuntimeError, "no such header"),
+                codecache._first_use_step("building it", "once", build_dir),
+            ):
+                if remove_build_dir:
+                    build_dir.rmdir()
+                raise RuntimeError("no such header\nthe rest of the log")
+        return stderr.getvalue().splitlines()
+
+    def test_a_failed_build_says_why(self) -> None:
+        started, failed = self.step_messages(remove_build_dir=False)
+        self.assertEqual(started, "torch_cppwrap: building it (once)...")
+        self.assertRegex(
+            failed,
+            r"^torch_cppwrap: building it: failed after \d+\.\d s: no such header$",
+        )
+
+    def test_a_build_whose_cache_was_removed_fails_quietly(self) -> None:
+        # fresh_cache() deletes the cache while a prefetch still builds into
+        # it: the build is abandoned, and that is no news for stderr.
+        self.assertEqual(
+            self.step_messages(remove_build_dir=True),
+            ["torch_cppwrap: building it (once)..."],
+        )
+
 
 if __name__ == "__main__":
     run_tests()

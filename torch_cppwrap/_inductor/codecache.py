@@ -123,22 +123,32 @@ def cache_key(*parts: str) -> str:
 
 
 @contextlib.contextmanager
-def _first_use_step(action: str, why: str) -> Iterator[None]:
+def _first_use_step(action: str, why: str, build_dir: Path) -> Iterator[None]:
     """Says on stderr what a once-per-cache step does and how long it took:
     the first compile in a new environment pauses for a minute, and should
-    say why.  Later runs find the result and say nothing."""
+    say why.  Later runs find the result and say nothing.  A step whose
+    build directory was removed under it (its cache deleted, as
+    ``fresh_cache()`` does on exit while a prefetch still builds) was
+    abandoned, not failed: that goes to the debug log only."""
     # One write per line: these steps run side by side, in threads.
     sys.stderr.write(f"torch_cppwrap: {action} ({why})...\n")
     sys.stderr.flush()
     started = time.perf_counter()
-    outcome = "failed after"
     try:
         yield
-        outcome = "done in"
-    finally:
+    except BaseException as error:
         elapsed = time.perf_counter() - started
-        sys.stderr.write(f"torch_cppwrap: {action}: {outcome} {elapsed:.1f} s\n")
-        sys.stderr.flush()
+        if build_dir.exists():
+            reason = str(error).strip().splitlines()[:1] or [type(error).__name__]
+            sys.stderr.write(
+                f"torch_cppwrap: {action}: failed after {elapsed:.1f} s: {reason[0]}\n"
+            )
+        else:
+            log.debug("torch_cppwrap: %s: abandoned, %s was removed", action, build_dir)
+        raise
+    elapsed = time.perf_counter() - started
+    sys.stderr.write(f"torch_cppwrap: {action}: done in {elapsed:.1f} s\n")
+    sys.stderr.flush()
 
 
 def _submit(
@@ -516,6 +526,7 @@ class RuntimeExtension:
             with _first_use_step(
                 f"building the runtime extension for torch {torch.__version__}",
                 f"once per Inductor cache, into {target.parent}",
+                build_dir,
             ):
                 return build.run(build_dir, RUNTIME_SOURCE)
 
@@ -552,7 +563,7 @@ def precompiled_header_dir(
 
     def build_header(build_dir: Path) -> Path:
         shutil.copyfile(header, build_dir / build.sources[0])
-        with _first_use_step(f"building {what}", "once per Inductor cache"):
+        with _first_use_step(f"building {what}", "once per Inductor cache", build_dir):
             return build.run(build_dir, header)
 
     ensure_built(target, key, what, build_header)

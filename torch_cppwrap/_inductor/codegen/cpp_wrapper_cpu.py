@@ -55,13 +55,20 @@ CPP_PREFIX_INCLUDE = "#include <torch/csrc/inductor/cpp_prefix.h>"
 # CppWrapperCpu.replay_blockers.
 HOST_READ = "the graph reads a value on the host"
 DEVICE_COPY = "the graph copies between devices"
+# Characters an op's handle name keeps (the rest become "_").
 _IDENT_CHARS = frozenset(
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
 )
 
 
-def _is_identifier(text: str) -> bool:
-    return bool(text) and not text[0].isdigit() and all(c in _IDENT_CHARS for c in text)
+def _refers_by_name(node: Any, ref: str) -> bool:
+    """Whether `ref`, the reference generated for `node`, names the variable
+    holding node's tensor, rather than being an expression (a view of it, a
+    size, None) that makes a new value."""
+    try:
+        return bool(ref == node.get_name())
+    except (AttributeError, NotImplementedError):
+        return False
 
 
 class CppWrapperCpu(PythonWrapperCodegen):
@@ -490,9 +497,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
         from torch._inductor.codegen.wrapper import DeferredLine
 
         self.declared.add(name)
-        ref = view.codegen_reference()
         self.writeline(
-            DeferredLine(name, f"auto {name} = {self._owned(ref)};  // alias")
+            DeferredLine(name, f"auto {name} = {self._owned(view)};  // alias")
         )
 
     def make_zero_buffer(self, name: str) -> str:
@@ -543,9 +549,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
         return f"{name}.take()" if name in self.input_tensors else f"std::move({name})"
 
     @staticmethod
-    def _owned(ref: str) -> str:
-        """An expression for a new owned Tensor equal to `ref`."""
-        return f"{ref}.clone_ref()" if _is_identifier(ref) else ref
+    def _owned(node: Any) -> str:
+        """An expression for a new owned Tensor holding `node`'s value."""
+        ref = node.codegen_reference()
+        return f"{ref}.clone_ref()" if _refers_by_name(node, ref) else ref
 
     @staticmethod
     def _as_lvalue_ref(ref: str) -> str:
@@ -954,7 +961,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         return name
 
     def _codegen_branches(self, node: Any, branches: list[tuple[str, Any]]) -> None:
-        outer_inputs = [buf.codegen_reference() for buf in node.operands]
+        outer_inputs = [self._owned(buf) for buf in node.operands]
         outer_outputs = []
         for out in node.outputs:
             self.writeline(f"cppwrap::Tensor {out.get_name()};")
@@ -981,12 +988,11 @@ class CppWrapperCpu(PythonWrapperCodegen):
             )
         name = while_loop.get_name()
         self.virtual_buffers.add(name)
-        carried = [buf.codegen_reference() for buf in while_loop.carried_inputs]
-        additional = [buf.codegen_reference() for buf in while_loop.additional_inputs]
+        additional = [self._owned(buf) for buf in while_loop.additional_inputs]
         outputs = [out.get_name() for out in while_loop.outputs]
         # The carried values live in the loop's outputs: set to the initial
         # values here, to each iteration's results at the end of the body.
-        for value, out in zip(carried, outputs, strict=True):
+        for value, out in zip(while_loop.carried_inputs, outputs, strict=True):
             self.writeline(f"cppwrap::Tensor {out} = {self._owned(value)};")
             self.declared.add(out)
         cond_output = while_loop.cond_subgraph.graph.graph_outputs[0]
@@ -999,7 +1005,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
             if bool_predicate
             else f"cppwrap::Tensor {result};"
         )
-        inputs = [*outputs, *additional]
+        inputs = [*(f"{out}.clone_ref()" for out in outputs), *additional]
         self.writeline("while (true) {")
         self.writeline(EnterSubgraphLine(self, while_loop.cond_subgraph.graph))
         self.codegen_subgraph(while_loop.cond_subgraph, inputs, [result])
@@ -1014,8 +1020,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
     def codegen_subgraph(
         self, subgraph: Any, outer_inputs: list[str], outer_outputs: list[str]
     ) -> None:
-        """Inlines `subgraph` here, in a C++ block: its inputs are new
-        references to the outer values, its outputs are moved out."""
+        """Inlines `subgraph` here, in a C++ block: its inputs are
+        `outer_inputs`, expressions making new references to the outer
+        values; its outputs are moved out into the `outer_outputs`."""
         graph = subgraph.graph
         self.writeline(f"// subgraph {subgraph.name}")
         inner = list(graph.graph_inputs.items())
@@ -1027,7 +1034,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         # Take the outer values first: an inner input may share its name.
         for (name, value), outer in zip(inner, outer_inputs, strict=True):
             if isinstance(value, ir.TensorBox):
-                self.writeline(f"cppwrap::Tensor {name}_outer = {self._owned(outer)};")
+                self.writeline(f"cppwrap::Tensor {name}_outer = {outer};")
         for name, value in inner:
             if isinstance(value, ir.TensorBox):
                 self.writeline(f"cppwrap::Tensor {name} = std::move({name}_outer);")
@@ -1044,12 +1051,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 ref = output.codegen_reference()
                 if isinstance(output, ir.ShapeAsConstantBuffer):
                     self.writeline(f"{outer} = {ref};")
-                elif _is_identifier(ref) and ref not in moved:
+                elif _refers_by_name(output, ref) and ref not in moved:
                     # The block's locals end here; the first use may move.
                     moved.add(ref)
                     self.writeline(f"{outer} = std::move({ref});")
                 else:
-                    self.writeline(f"{outer} = {self._owned(ref)};")
+                    self.writeline(f"{outer} = {self._owned(output)};")
         finally:
             self.input_tensors = saved_inputs
             self.pop_codegened_graph()
@@ -1227,7 +1234,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         constants = set(self.constant_names)
         outputs = zip(output_refs, V.graph.graph_outputs, strict=True)
         for index, (ref, node) in enumerate(outputs):
-            if isinstance(node, ir.NoneAsConstantBuffer) or ref == "nullptr":
+            if isinstance(node, ir.NoneAsConstantBuffer):
                 self.output_kinds.append("none")
                 continue
             if ref in self.input_objects:
@@ -1244,7 +1251,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
             if ref in seen:
                 repeats.writeline(f"out{index} = out{seen[ref]}.clone_ref();")
                 continue
-            if not _is_identifier(ref):
+            if not _refers_by_name(node, ref):
                 reads.writeline(f"out{index} = {ref};")
             elif ref in constants:
                 reads.writeline(f"out{index} = {ref}.clone_ref();")

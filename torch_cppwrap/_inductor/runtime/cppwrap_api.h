@@ -110,8 +110,6 @@ typedef struct CppwrapApi {
   int (*call_boxed_below_autograd)(void* op, void* stack);
   // Results of the last call_boxed, by return position (and list position).
   int (*result_tensor)(void* stack, int64_t i, int64_t j, void* dst);
-  int (*result_int)(void* stack, int64_t i, int64_t* out);
-  int (*result_double)(void* stack, int64_t i, double* out);
 
   // --- Profiler: a RecordFunction scope named after the graph. ---
   void* (*record_begin)(const char* name);

@@ -284,11 +284,6 @@ inline Tensor scratch(int32_t device, uint64_t programs, uint64_t bytes) {
   return empty_strided({total}, {1}, dtype::kUInt8, device::kCUDA, device);
 }
 
-// The bits of a float, as a Triton kernel takes an fp32 argument.
-inline float as_fp32(double value) {
-  return static_cast<float>(value);
-}
-
 // ---- replaying the whole graph as one CUDA graph ----
 
 // A graph whose inputs and outputs are all CUDA tensors of fixed shapes, with

@@ -490,20 +490,6 @@ class BoxedCall {
     }
     return t;
   }
-  int64_t int_result(int64_t i) {
-    int64_t v = 0;
-    if (api->result_int(stack_, i, &v) != 0) {
-      fail_runtime("reading an op result");
-    }
-    return v;
-  }
-  double real_result(int64_t i) {
-    double v = 0;
-    if (api->result_double(stack_, i, &v) != 0) {
-      fail_runtime("reading an op result");
-    }
-    return v;
-  }
 
  private:
   void* op_;
@@ -685,10 +671,6 @@ inline PyObject* output(int64_t v) {
 
 inline PyObject* output(double v) {
   return PyFloat_FromDouble(v);
-}
-
-inline PyObject* output(bool v) {
-  return PyBool_FromLong(v ? 1 : 0);
 }
 
 inline PyObject* output_none() {

@@ -521,14 +521,6 @@ int result_tensor(void* s, int64_t i, int64_t j, void* dst) {
   });
 }
 
-int result_int(void* s, int64_t i, int64_t* out) {
-  return guarded([&] { *out = stack_at(s).at(i).toInt(); });
-}
-
-int result_double(void* s, int64_t i, double* out) {
-  return guarded([&] { *out = stack_at(s).at(i).toDouble(); });
-}
-
 void* record_begin(const char* name) {
   auto guard = std::make_unique<at::RecordFunction>(at::RecordScope::FUNCTION);
   if (guard->isActive()) {
@@ -623,8 +615,6 @@ const CppwrapApi api_table = {
     call_boxed,
     call_boxed_below_autograd,
     result_tensor,
-    result_int,
-    result_double,
     record_begin,
     record_end,
     borrow,

@@ -63,6 +63,17 @@ class TestCodeCache(TestCase):
         # No temporary build directories are left behind.
         self.assertFalse(self.cppwrap_files(".build-*"))
 
+    def test_runtime_sources_changed_under_a_running_process(self) -> None:
+        # An upgrade while a process runs: new graphs would be built against
+        # runtime headers that the loaded runtime extension does not match.
+        CppWrapperCodeCache.load(IDENTITY_SOURCE % {"tag": "before"})
+        with (
+            mock.patch.object(codecache, "_runtime_sources_digest", lambda: "new"),
+            mock.patch.object(codecache.Build, "run", no_compiler),
+            self.assertRaisesRegex(RuntimeError, "changed after this process loaded"),
+        ):
+            CppWrapperCodeCache.load(IDENTITY_SOURCE % {"tag": "after"})
+
     def test_key_depends_on_source(self) -> None:
         a = CppWrapperCodeCache.load(IDENTITY_SOURCE % {"tag": "a"})
         b = CppWrapperCodeCache.load(IDENTITY_SOURCE % {"tag": "b"})

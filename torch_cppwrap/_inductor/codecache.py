@@ -491,6 +491,8 @@ class RuntimeExtension:
     """torch_cppwrap._C: the runtime's function table, built once per cache."""
 
     _module: ModuleType | None = None
+    # The runtime sources the loaded module was built from.
+    _digest: str | None = None
     _lock = threading.Lock()
 
     @classmethod
@@ -533,7 +535,22 @@ class RuntimeExtension:
         return ensure_built(target, key, "the runtime extension", build_runtime)
 
     @classmethod
+    def check_matches(cls, runtime_digest: str) -> None:
+        """Raises unless the loaded runtime was built from the runtime
+        sources a graph module is compiled against (which changed on disk
+        when the package was upgraded under a running process): the two
+        share structures, and a mismatch would crash."""
+        if cls._digest is not None and cls._digest != runtime_digest:
+            raise RuntimeError(
+                f"torch_cppwrap: the runtime sources in {RUNTIME_DIR} changed "
+                "after this process loaded its runtime extension (was the "
+                "package upgraded while it ran?); a new graph built against "
+                "them would not match it. Restart the process."
+            )
+
+    @classmethod
     def _build_and_load(cls) -> ModuleType:
+        cls._digest = _runtime_sources_digest()
         module = _load_extension("torch_cppwrap._C", cls.ensure_built())
         sys.modules["torch_cppwrap._C"] = module
         import torch_cppwrap
@@ -683,6 +700,7 @@ class GraphBuild:
         if self.kernels is not None:
             objects.append(self.kernels.output)
         self.link = tc.link(objects, device_type)
+        self.runtime_digest = _runtime_sources_digest()
         # Precompiled headers are left out: they change how fast a module
         # builds, not what it is.
         self.key = cache_key(
@@ -690,7 +708,7 @@ class GraphBuild:
             wrapper_source,
             kernel_source,
             device_type,
-            _runtime_sources_digest(),
+            self.runtime_digest,
             *(b.fingerprint() for b in (self.wrapper, self.kernels, self.link) if b),
             _compiler_version(),
             torch.__version__,
@@ -777,12 +795,14 @@ class CppWrapperCodeCache:
 
         name = graph.module_path.stem
         if RuntimeExtension._module is not None:
+            RuntimeExtension.check_matches(graph.runtime_digest)
             ensure_built(graph.module_path, graph.key, name, graph.build)
         else:
             # A graph module needs the runtime extension to load, not to
             # build: in a new cache, build the two side by side.
             with _alongside(RuntimeExtension.load):
                 ensure_built(graph.module_path, graph.key, name, graph.build)
+            RuntimeExtension.check_matches(graph.runtime_digest)
         # Every wrapper module's initialiser is PyInit_cppwrap_graph (a fixed
         # name keeps the precompiled header valid); the path tells them apart.
         module = _load_extension("cppwrap_graph", graph.module_path)

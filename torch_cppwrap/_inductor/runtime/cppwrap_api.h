@@ -15,7 +15,9 @@
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
-#define CPPWRAP_API_VERSION 7
+// Bumped whenever CppwrapApi changes, so that a graph module built against
+// another table refuses to load instead of calling the wrong entry.
+#define CPPWRAP_API_VERSION 8
 #define CPPWRAP_API_CAPSULE "torch_cppwrap._C._api"
 
 #ifdef __cplusplus

@@ -626,28 +626,13 @@ const CppwrapApi api_table = {
     push_complex,
 };
 
-PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT,
-    "torch_cppwrap._C",
-    "torch_cppwrap's runtime: the C API that generated wrapper modules call.",
-    -1,
-    nullptr,
-};
-
 }  // namespace
 
-PyMODINIT_FUNC PyInit__C(void) {
-  PyObject* module = PyModule_Create(&module_def);
-  if (module == nullptr) {
-    return nullptr;
-  }
-  PyObject* capsule = PyCapsule_New(
-      const_cast<CppwrapApi*>(&api_table), CPPWRAP_API_CAPSULE, nullptr);
-  if (capsule == nullptr || PyModule_AddObject(module, "_api", capsule) < 0) {
-    Py_XDECREF(capsule);
-    Py_DECREF(module);
-    return nullptr;
-  }
-  PyModule_AddIntConstant(module, "API_VERSION", CPPWRAP_API_VERSION);
-  return module;
+// The module holds the table (in a capsule that generated modules import) and
+// its version.  pybind11 comes with torch's headers, included above.
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_cppwrap's runtime: the C API that generated wrapper modules call.";
+  m.attr("_api") = pybind11::capsule(
+      const_cast<CppwrapApi*>(&api_table), CPPWRAP_API_CAPSULE);
+  m.attr("API_VERSION") = CPPWRAP_API_VERSION;
 }

@@ -147,8 +147,7 @@ class TestLauncherCompiles(TestCase):
         )
         source = "\n".join(
             [
-                '#include "cppwrap_runtime.h"',
-                '#include "cppwrap_cuda.h"',
+                *(f'#include "{h}"' for h in gpu.CppWrapperGpu.runtime_headers),
                 "CPPWRAP_MODULE_STATE()",
                 *opening,
                 "  if (!cppwrap::check_args(args, 2)) return nullptr;",

@@ -809,6 +809,7 @@ SERIES: tuple[Patch, ...] = (
         Nothing uses it yet.""",
         files=(
             "_inductor/runtime/cppwrap_cuda.h",
+            "_inductor/runtime/cppwrap_cuda_graph.h",
             "_inductor/runtime/cuda_graphs.py",
         ),
     ),

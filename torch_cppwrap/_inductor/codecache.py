@@ -78,6 +78,7 @@ RUNTIME_HEADERS = (
     "cppwrap_sizes.h",
     "cppwrap_runtime.h",
     "cppwrap_cuda.h",
+    "cppwrap_cuda_graph.h",
 )
 RUNTIME_SOURCE = RUNTIME_DIR / "cppwrap_runtime_ext.cpp"
 CPP_PREFIX_INCLUDE = "torch/csrc/inductor/cpp_prefix.h"

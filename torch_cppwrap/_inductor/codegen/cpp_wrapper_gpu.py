@@ -59,9 +59,6 @@ from torch_cppwrap._inductor.codegen.shim_catalog import shim_function_exists
 
 log = logging.getLogger(__name__)
 
-CUDA_HEADER = codecache.RUNTIME_DIR / "cppwrap_cuda.h"
-
-
 # ----------------------------------------------------------------------
 # C++ spellings for kernel parameters
 # ----------------------------------------------------------------------
@@ -348,7 +345,7 @@ class CppWrapperGpu(CppWrapperCpu):
         "// launches the graph's kernels on the current CUDA stream with the GIL\n"
         "// released, and returns its outputs."
     )
-    runtime_headers = ("cppwrap_runtime.h", "cppwrap_cuda.h")
+    runtime_headers = ("cppwrap_runtime.h", "cppwrap_cuda.h", "cppwrap_cuda_graph.h")
     uses_triton_tuning = True
 
     # ------------------------------------------------------------------

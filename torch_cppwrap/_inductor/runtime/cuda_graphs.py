@@ -6,7 +6,7 @@ random numbers or input mutation) calls :func:`capture` on its second call,
 with that call's inputs.  The first call ran the kernels one by one (loading
 every cubin, initialising cuBLAS) and noted each input's address.  From here
 on ``cppwrap::cuda::GraphReplay`` replays the graph in C++ with no Python;
-see ``cppwrap_cuda.h`` for what a replay does.
+see ``cppwrap_cuda_graph.h`` for what a replay does.
 
 Inputs that kept their address between the two calls (parameters, buffers,
 an input the caller reuses) are read where they are; a replay needs them

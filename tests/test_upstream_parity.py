@@ -28,6 +28,29 @@ class TestUpstreamParity(CppWrapperTestCase):
         (source,) = self.check(fn, (torch.randn(2, 4, 20, 20),), dynamic=True)
         self.assertIn("c10::div_floor_integer(", source)
 
+    def test_two_compiles_differ_only_in_the_aot_id_line(self) -> None:
+        # PyTorch's buffer-reuse tests compare the wrappers of two compiles of
+        # one function, dropping upstream's "# AOT ID: ..." line: the graph's
+        # name must be on that line and nowhere else.
+        def fn(x):
+            return (x - x.mean(-1)).pow(2).mean(-1)
+
+        x = torch.randn(8, 8)
+        (first,) = self.check(fn, (x,))
+        torch._dynamo.reset()
+        with config.patch(allow_buffer_reuse=not config.allow_buffer_reuse):
+            (second,) = self.check(fn, (x,))
+        aot_ids = [
+            [line for line in source.splitlines() if line.startswith("# AOT ID: ")]
+            for source in (first, second)
+        ]
+        self.assertEqual([len(ids) for ids in aot_ids], [1, 1])
+        self.assertNotEqual(aot_ids[0], aot_ids[1])  # two graphs, two names
+        self.assertEqual(
+            [line for line in first.splitlines() if not line.startswith("# AOT ID")],
+            [line for line in second.splitlines() if not line.startswith("# AOT ID")],
+        )
+
     def test_symbolic_int_passed_for_a_tensor_argument(self) -> None:
         # Complex add with alpha lowers to aten.mul.Tensor(x, alpha): the
         # symbolic alpha becomes a 0-d tensor.

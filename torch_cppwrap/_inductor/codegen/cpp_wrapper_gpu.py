@@ -673,7 +673,7 @@ class CppWrapperGpu(CppWrapperCpu):
             view_name = f"{out}_as_strided"
             self.writeline(f"auto {view_name} = {out_view};")
             out_arg = f"{view_name}.get()"
-        self._shim_call(kernel, [out_arg, *args], kernel, device)
+        self._shim_call(kernel, [out_arg, *args], out, device)
 
     def generate_fallback_kernel(self, node: Any) -> None:
         op = node.op_overload

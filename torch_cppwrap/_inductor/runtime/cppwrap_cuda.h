@@ -245,7 +245,9 @@ class Kernel {
 // The current CUDA stream of `device`, where PyTorch's own kernels run too.
 inline void* current_stream(int32_t device) {
   void* stream = nullptr;
-  check_shim(aoti_torch_get_current_cuda_stream(device, &stream), "current CUDA stream");
+  check_shim(
+      aoti_torch_get_current_cuda_stream(device, &stream),
+      "aoti_torch_get_current_cuda_stream API call failed");
   return stream;
 }
 
@@ -253,7 +255,9 @@ inline void* current_stream(int32_t device) {
 class DeviceGuard {
  public:
   explicit DeviceGuard(int32_t device) {
-    check_shim(aoti_torch_create_cuda_guard(device, &guard_), "CUDA device guard");
+    check_shim(
+        aoti_torch_create_cuda_guard(device, &guard_),
+        "aoti_torch_create_cuda_guard API call failed");
     bind_context(device);
   }
   DeviceGuard(const DeviceGuard&) = delete;
@@ -262,7 +266,9 @@ class DeviceGuard {
     aoti_torch_delete_cuda_guard(guard_);
   }
   void set_index(int32_t device) {
-    check_shim(aoti_torch_cuda_guard_set_index(guard_, device), "CUDA device guard");
+    check_shim(
+        aoti_torch_cuda_guard_set_index(guard_, device),
+        "aoti_torch_cuda_guard_set_index API call failed");
     bind_context(device);
   }
 

@@ -47,18 +47,18 @@ struct Error : std::runtime_error {
   throw_runtime_failure(std::string(what) + ": " + api->last_error());
 }
 
-[[noreturn]] inline void fail_shim(const char* op) {
+[[noreturn]] inline void fail_shim(const char* what) {
   // The C shim returns only an error code; recent torch keeps the message.
   const char* reason = api->shim_error();
   throw Error(
-      std::string(op) + " failed: " +
+      std::string(what) + ": " +
       (reason != nullptr ? reason : "(libtorch logged the reason to stderr)"));
 }
 
-// Checks the status of a C-shim call; `op` names the operator for the error.
-inline void check_shim(AOTITorchError status, const char* op) {
+// Checks the status of a C-shim call; `what` says which call failed.
+inline void check_shim(AOTITorchError status, const char* what) {
   if (status != AOTI_TORCH_SUCCESS) {
-    fail_shim(op);
+    fail_shim(what);
   }
 }
 
@@ -244,7 +244,7 @@ inline Tensor empty_strided(
 // An at::Tensor() (undefined), for a non-optional tensor argument given None.
 inline Tensor undefined_tensor() {
   AtenTensorHandle handle = nullptr;
-  check_shim(aoti_torch_new_uninitialized_tensor(&handle), "undefined tensor");
+  check_shim(aoti_torch_new_uninitialized_tensor(&handle), "aoti_torch_new_uninitialized_tensor API call failed");
   return Tensor::adopt(handle);
 }
 

@@ -17,6 +17,7 @@ from typing import Any
 from unittest import mock
 
 import torch
+import torch.utils._pytree as pytree
 from torch._inductor import config
 from torch._inductor.test_case import TestCase
 from torch._inductor.utils import run_and_get_code
@@ -101,16 +102,17 @@ def our_wrappers_created() -> Iterator[list[type]]:
     """Records the class of every wrapper codegen torch_cppwrap creates, with
     caches off so that every graph is generated anew."""
     created: list[type] = []
-    original_create = CppWrapperCpu.create
+    original_create = CppWrapperCpu.create.__func__  # type: ignore[attr-defined]
 
-    def counting_create(*a: Any, **k: Any) -> CppWrapperCpu:
-        wrapper = original_create(*a, **k)
+    # A class method still, so that CppWrapperGpu.create makes a CppWrapperGpu.
+    def counting_create(cls: type, *a: Any, **k: Any) -> CppWrapperCpu:
+        wrapper = original_create(cls, *a, **k)
         created.append(type(wrapper))
         return wrapper
 
     with (
         config.patch(cpp_wrapper=True, fx_graph_cache=False),
-        mock.patch.object(CppWrapperCpu, "create", staticmethod(counting_create)),
+        mock.patch.object(CppWrapperCpu, "create", classmethod(counting_create)),
     ):
         yield created
 
@@ -143,9 +145,19 @@ class CppWrapperTestCase(TestCase):
         self.assertTrue(created, "torch_cppwrap's CppWrapperCpu generated no code")
         self.assertTrue(all(issubclass(c, CppWrapperCpu) for c in created))
         self.assertTrue(sources)
+        on_cuda = any(
+            isinstance(a, torch.Tensor) and a.is_cuda for a in pytree.tree_leaves(args)
+        )
         for source in sources:
             self.assertIn("from torch_cppwrap._inductor.codecache import", source)
             self.assertIn('#include "cppwrap_runtime.h"', source)
+            if on_cuda:
+                # Inductor heads the module with the tuning block, a docstring;
+                # after it, every Triton kernel is a cubin launched from C++.
+                module = source[source.index("import CppWrapperCodeCache") :]
+                self.assertIn('#include "cppwrap_cuda.h"', module)
+                self.assertNotIn("async_compile", module)
+                self.assertNotIn(".run(", module)
         return result, sources
 
     def check(

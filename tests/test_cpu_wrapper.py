@@ -9,7 +9,6 @@ from typing import Any
 from unittest import mock
 
 import torch
-import torch.nn.functional as F
 from torch._inductor import config
 from torch._inductor.test_case import run_tests
 
@@ -17,7 +16,7 @@ from tests.common import CppWrapperTestCase
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import HOST_READ, CppWrapperCpu
 
 
-class TestSeedAndPointwise(CppWrapperTestCase):
+class TestSeedExample(CppWrapperTestCase):
     def test_seed_example_single_fused_kernel(self) -> None:
         def fn(x, y):
             return (x + y).sum()
@@ -31,55 +30,6 @@ class TestSeedAndPointwise(CppWrapperTestCase):
         body = source[source.index("static PyObject* call_impl") :]
         self.assertLess(body.index("arg0_1.reset();"), body.index("out0 = "))
         self.assertIn("cppwrap::GilRelease nogil;", body)
-
-    def test_pointwise_broadcast(self) -> None:
-        def fn(a, b, c):
-            return torch.sigmoid(a) * b + c.exp() - 1.5
-
-        self.check(fn, (torch.randn(4, 1, 8), torch.randn(1, 6, 8), torch.randn(8)))
-
-    def test_reductions(self) -> None:
-        def fn(x):
-            return x.sum(0), x.amax(1), x.mean(), torch.var(x, dim=1), x.argmax(1)
-
-        self.check(fn, (torch.randn(33, 17),))
-
-    def test_softmax_and_layer_norm(self) -> None:
-        ln = torch.nn.LayerNorm(64)
-
-        def fn(x):
-            return ln(torch.softmax(x, -1))
-
-        with torch.no_grad():
-            self.check(fn, (torch.randn(8, 64),))
-
-
-class TestExternKernels(CppWrapperTestCase):
-    def test_mm_addmm_bmm(self) -> None:
-        def fn(a, b, bias, c, d):
-            return a @ b, torch.addmm(bias, a, b), torch.bmm(c, d)
-
-        args = (
-            torch.randn(16, 32),
-            torch.randn(32, 8),
-            torch.randn(8),
-            torch.randn(3, 4, 5),
-            torch.randn(3, 5, 6),
-        )
-        (source,) = self.check(fn, args, atol=1e-4, rtol=1e-4)
-        self.assertRegex(source, r"aoti_torch_cpu_(mm|addmm|bmm)_out")
-
-    def test_convolution(self) -> None:
-        conv = torch.nn.Conv2d(3, 8, 3, padding=1)
-
-        def fn(x):
-            return F.relu(conv(x))
-
-        with torch.no_grad():
-            (source,) = self.check(
-                fn, (torch.randn(2, 3, 16, 16),), atol=1e-4, rtol=1e-4
-            )
-        self.assertIn("convolution", source)
 
 
 class TestFallbacks(CppWrapperTestCase):

@@ -140,10 +140,12 @@ def _first_use_step(action: str, why: str, build_dir: Path) -> Iterator[None]:
     except BaseException as error:
         elapsed = time.perf_counter() - started
         if build_dir.exists():
-            reason = str(error).strip().splitlines()[:1] or [type(error).__name__]
+            lines = str(error).strip().splitlines()
+            reason = lines[0] if lines else type(error).__name__
             sys.stderr.write(
-                f"torch_cppwrap: {action}: failed after {elapsed:.1f} s: {reason[0]}\n"
+                f"torch_cppwrap: {action}: failed after {elapsed:.1f} s: {reason}\n"
             )
+            sys.stderr.flush()
         else:
             log.debug("torch_cppwrap: %s: abandoned, %s was removed", action, build_dir)
         raise

@@ -505,8 +505,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         )
 
     def make_zero_buffer(self, name: str) -> str:
-        what = f"aoti_torch_zero_ API call failed at {name}"
-        return f'cppwrap::check_shim(aoti_torch_zero_({name}.get()), "{what}");'
+        return self._checked_shim_call("aoti_torch_zero_", [f"{name}.get()"], name)
 
     def codegen_alloc_from_pool(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(
@@ -636,15 +635,19 @@ class CppWrapperCpu(PythonWrapperCodegen):
         op = parts[-2] if parts[-1] == "call" else parts[-1]
         return f"aoti_torch_{device}_{op}"
 
+    @staticmethod
+    def _checked_shim_call(shim_fn: str, args: Sequence[str], where: str) -> str:
+        """A statement calling `shim_fn`; its failure names it and `where`
+        (the op, or the buffer it computes), in the words of upstream's
+        check, which PyTorch's tests match."""
+        what = spell.string_literal(f"{shim_fn} API call failed at {where}")
+        return f"cppwrap::check_shim({shim_fn}({', '.join(args)}), {what});"
+
     def _shim_call(
         self, shim_fn: str, args: Sequence[str], where: str, device: str
     ) -> None:
-        """Calls `shim_fn`; its failure names it and `where` (the op, or the
-        buffer it computes), in the words of upstream's check, which
-        PyTorch's tests match."""
         self.launches.append((device, shim_fn))
-        what = spell.string_literal(f"{shim_fn} API call failed at {where}")
-        self.writeline(f"cppwrap::check_shim({shim_fn}({', '.join(args)}), {what});")
+        self.writeline(self._checked_shim_call(shim_fn, args, where))
 
     def _generate_extern_kernel_out_helper(
         self,
@@ -1085,11 +1088,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
             flag = non_blocking
         else:
             flag = "1" if non_blocking else "0"
-        what = spell.string_literal(f"aoti_torch_copy_ API call failed at {dst}")
-        self.writeline(
-            f"cppwrap::check_shim(aoti_torch_copy_({handle(dst)}, {handle(src)}, {flag}), "
-            f"{what});"
-        )
+        args = [handle(dst), handle(src), flag]
+        self.writeline(self._checked_shim_call("aoti_torch_copy_", args, dst))
 
     def write_assert_size_stride(
         self,

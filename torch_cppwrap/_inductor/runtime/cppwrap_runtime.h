@@ -244,7 +244,9 @@ inline Tensor empty_strided(
 // An at::Tensor() (undefined), for a non-optional tensor argument given None.
 inline Tensor undefined_tensor() {
   AtenTensorHandle handle = nullptr;
-  check_shim(aoti_torch_new_uninitialized_tensor(&handle), "aoti_torch_new_uninitialized_tensor API call failed");
+  check_shim(
+      aoti_torch_new_uninitialized_tensor(&handle),
+      "aoti_torch_new_uninitialized_tensor API call failed");
   return Tensor::adopt(handle);
 }
 

@@ -224,6 +224,43 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         self.assertEqual(len(capture_streams), 2)
         self.assertEqual(capture_streams[0], capture_streams[1])
 
+    def test_capture_runs_the_kernels_in_cpp_at_each_yield(self) -> None:
+        # The capture coroutine never calls into the module: C++ runs the
+        # kernels on what it yields and sends back their outputs, and throws
+        # a failed run in.  Two stand-ins that give up instead of capturing.
+        def fn(x, w):
+            return torch.relu(x @ w) @ w + 1
+
+        x, w = torch.randn(16, 32, device="cuda"), torch.randn(32, 32, device="cuda")
+        expected = fn(x, w)
+        sent: list[Any] = []
+        thrown: list[BaseException] = []
+
+        def sends_back(args: list[Any], first_ptrs: list[int]) -> Any:
+            self.assertEqual(len(first_ptrs), len(args))
+            sent.append((yield list(args)))
+            return None
+
+        def bad_inputs(args: list[Any], first_ptrs: list[int]) -> Any:
+            try:
+                yield [args[0][:8], args[1]]  # not the shape the graph was built for
+            except Exception as e:
+                thrown.append(e)
+            return None
+
+        for stand_in in (sends_back, bad_inputs):
+            with mock.patch.object(cuda_graphs, "capture", stand_in):
+                compiled, module, _ = self.compile_module(fn, (x, w))
+                self.assertFalse(hasattr(module, "call_eager"))
+                self.assertEqual(compiled(x, w), expected, atol=1e-3, rtol=1e-3)
+                self.assertEqual(module.cuda_graph_state(), "off")
+                self.assertEqual(compiled(x, w), expected, atol=1e-3, rtol=1e-3)
+            torch._dynamo.reset()
+        ((out,),) = sent
+        self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
+        self.assertEqual(len(thrown), 1)
+        self.assertIn("expected size", str(thrown[0]))
+
     def test_other_stream_and_threads(self) -> None:
         def fn(x, w):
             return torch.relu(x @ w) @ w + 1

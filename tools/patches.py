@@ -801,14 +801,23 @@ SERIES: tuple[Patch, ...] = (
     Patch(
         "Add the CUDA part of the cppwrap runtime",
         """What a CUDA wrapper module needs besides the CPU runtime: cubins
-        loaded and launched through the driver API on the current stream, a
-        device guard, and replaying a graph whose inputs and outputs are CUDA
-        tensors of fixed shapes as one CUDA graph, captured on its second call
-        (cppwrap_cuda_graphs) and replayed from C++ from the third.
+        loaded and launched through the driver API on the current stream and
+        a device guard.
+
+        Nothing uses it yet.""",
+        files=("_inductor/runtime/cppwrap_cuda.h",),
+    ),
+    Patch(
+        "Replay a CUDA wrapper module's graph as one CUDA graph",
+        """A graph whose inputs and outputs are CUDA tensors of fixed shapes
+        is captured on its second call and replayed from C++, with no Python,
+        from the third.  cppwrap::cuda::GraphReplay runs the kernels of the
+        capture itself; cppwrap_cuda_graphs.capture, a coroutine it drives,
+        holds torch's side (the memory pool, the capture stream and the
+        torch.cuda.CUDAGraph), so nothing calls back into the module.
 
         Nothing uses it yet.""",
         files=(
-            "_inductor/runtime/cppwrap_cuda.h",
             "_inductor/runtime/cppwrap_cuda_graph.h",
             "_inductor/runtime/cuda_graphs.py",
         ),

@@ -429,9 +429,16 @@ class CppWrapperGpu(CppWrapperCpu):
             f"static cppwrap::cuda::GraphReplay cuda_graph({n_inputs}, "
             f"{len(self.output_kinds)});",
             "",
-            "static PyObject* run(PyObject* module, PyObject* args, bool replayable) {",
+            "static PyObject* run(PyObject* args, bool replayable);",
+            "",
+            "// The kernels one by one, never a replay: what a capture runs.",
+            "static PyObject* run_kernels(PyObject* args) {",
+            "    return run(args, false);",
+            "}",
+            "",
+            "static PyObject* run(PyObject* args, bool replayable) {",
             "    if (replayable && cuda_graph.should_capture()) {",
-            "        PyObject* outputs = cuda_graph.capture(module, args);",
+            "        PyObject* outputs = cuda_graph.capture(args, run_kernels);",
             "        if (outputs != Py_None) return outputs;",
             "        Py_DECREF(outputs);",
             "    }",
@@ -441,12 +448,8 @@ class CppWrapperGpu(CppWrapperCpu):
         if self.cuda_graph_blocker is not None:
             return super().module_definition()
         return [
-            "static PyObject* call_impl(PyObject* module, PyObject* args) {",
-            "    return run(module, args, true);",
-            "}",
-            "",
-            "static PyObject* call_eager_impl(PyObject* module, PyObject* args) {",
-            "    return run(module, args, false);",
+            "static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {",
+            "    return run(args, true);",
             "}",
             "",
             'CPPWRAP_CUDA_DEFINE_GRAPH_MODULE("Inductor graph compiled by torch_cppwrap")',

@@ -24,9 +24,10 @@ namespace cuda {
 // kernel.  The life of one:
 //
 //   1st call  runs the kernels one by one and notes each input's address;
-//   2nd call  hands its inputs to torch_cppwrap._inductor.runtime.cuda_graphs,
-//             which captures the graph (torch.cuda.graph: private memory pool,
-//             side stream) and installs it here;
+//   2nd call  captures the graph: torch_cppwrap._inductor.runtime.cuda_graphs
+//             .capture sets up torch's side (torch.cuda.graph: private memory
+//             pool, side stream) and this class runs the kernels under it, a
+//             warm-up run and the captured one, and installs the graph;
 //   then      each call replays it if every input that kept its address on
 //             the 2nd call still has it.  The others are copied into buffers
 //             the graph owns; the outputs are copied out of the graph's pool
@@ -89,10 +90,16 @@ class GraphReplay {
     }
   }
 
-  // The 2nd call: asks Python to capture.  Returns the call's outputs (a new
-  // reference), Py_None (new reference) when the graph was not captured and
-  // the call should run the kernels itself, or nullptr with an exception set.
-  PyObject* capture(PyObject* module, PyObject* args) {
+  // Runs the graph's kernels one by one on a list of inputs (the module's
+  // entry point without a replay): a new reference to the outputs, or nullptr
+  // with an exception set.
+  using RunKernels = PyObject* (*)(PyObject* args);
+
+  // The 2nd call, with the GIL: captures the graph and installs it.  Returns
+  // the call's outputs (a new reference), Py_None (new reference) when the
+  // graph was not captured and the call should run the kernels itself, or
+  // nullptr with an exception set.
+  PyObject* capture(PyObject* args, RunKernels run_kernels) {
     PyObject* replaced = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -110,99 +117,23 @@ class GraphReplay {
       exec_ = nullptr;
     }
     Py_XDECREF(replaced);
-    PyObject* ptrs = PyList_New(static_cast<Py_ssize_t>(first_ptrs_.size()));
-    if (ptrs == nullptr) {
-      state_.store(kOff, std::memory_order_release);
-      return nullptr;
+    PyObject* result = run_capture(args, run_kernels);
+    PyObject* outputs = nullptr;
+    if (result == Py_None) {
+      outputs = result;
+    } else if (result != nullptr) {
+      // (this call's outputs, what install takes)
+      if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != 2) {
+        PyErr_SetString(PyExc_TypeError, "torch_cppwrap: CUDA graph capture returned no pair");
+      } else if (install(PyTuple_GET_ITEM(result, 1))) {
+        outputs = Py_NewRef(PyTuple_GET_ITEM(result, 0));
+      }
+      Py_DECREF(result);
     }
-    for (size_t i = 0; i < first_ptrs_.size(); ++i) {
-      PyList_SET_ITEM(ptrs, static_cast<Py_ssize_t>(i), PyLong_FromVoidPtr(first_ptrs_[i]));
-    }
-    PyObject* helper = PyImport_ImportModule("torch_cppwrap._inductor.runtime.cuda_graphs");
-    PyObject* result = nullptr;
-    if (helper != nullptr) {
-      result = PyObject_CallMethod(helper, "capture", "OOO", module, args, ptrs);
-      Py_DECREF(helper);
-    }
-    Py_DECREF(ptrs);
     if (state() != kReady) {
       state_.store(kOff, std::memory_order_release);
     }
-    return result;
-  }
-
-  // install(graph, exec, device, stream, buffers, captured_ptrs, outputs, sizes):
-  // see cuda_graphs.capture.  `buffers[i]` is the buffer input i is copied
-  // into, or None where the graph reads the input where it was captured.
-  PyObject* install(PyObject* args) {
-    PyObject* graph = nullptr;
-    unsigned long long exec = 0;
-    int device = 0;
-    unsigned long long stream = 0;
-    PyObject* buffers = nullptr;
-    PyObject* captured = nullptr;
-    PyObject* outputs = nullptr;
-    PyObject* nbytes = nullptr;
-    if (!PyArg_ParseTuple(
-            args, "OKiKO!O!O!O!", &graph, &exec, &device, &stream, &PyList_Type, &buffers,
-            &PyList_Type, &captured, &PyList_Type, &outputs, &PyList_Type, &nbytes)) {
-      return nullptr;
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (state() != kCapturing) {
-      PyErr_SetString(PyExc_RuntimeError, "torch_cppwrap: CUDA graph installed out of turn");
-      return nullptr;
-    }
-    const size_t n_in = inputs_.size();
-    const size_t n_out = outputs_.size();
-    if (static_cast<size_t>(PyList_GET_SIZE(buffers)) != n_in ||
-        static_cast<size_t>(PyList_GET_SIZE(captured)) != n_in ||
-        static_cast<size_t>(PyList_GET_SIZE(outputs)) != n_out ||
-        static_cast<size_t>(PyList_GET_SIZE(nbytes)) != n_in + n_out) {
-      PyErr_SetString(PyExc_ValueError, "torch_cppwrap: CUDA graph install: wrong list sizes");
-      return nullptr;
-    }
-    for (size_t i = 0; i < n_in + n_out; ++i) {
-      size_t bytes = PyLong_AsSize_t(PyList_GET_ITEM(nbytes, static_cast<Py_ssize_t>(i)));
-      if (PyErr_Occurred()) {
-        return nullptr;
-      }
-      if (i < n_in) {
-        inputs_[i].bytes = bytes;
-      } else {
-        outputs_[i - n_in].bytes = bytes;
-      }
-    }
-    for (size_t i = 0; i < n_in; ++i) {
-      PyObject* buffer = PyList_GET_ITEM(buffers, static_cast<Py_ssize_t>(i));
-      inputs_[i].captured = PyLong_AsVoidPtr(PyList_GET_ITEM(captured, static_cast<Py_ssize_t>(i)));
-      if (PyErr_Occurred()) {
-        return nullptr;
-      }
-      if (buffer != Py_None && api->unpack(buffer, inputs_[i].buffer.slot(), "graph input buffer") != 0) {
-        return nullptr;
-      }
-    }
-    for (size_t i = 0; i < n_out; ++i) {
-      Output& out = outputs_[i];
-      if (api->unpack(PyList_GET_ITEM(outputs, static_cast<Py_ssize_t>(i)), out.pool.slot(), "graph output") != 0) {
-        return nullptr;
-      }
-      const int64_t ndim = api->dim(out.pool.slot());
-      out.sizes.assign(out.pool.sizes(), out.pool.sizes() + ndim);
-      out.strides.assign(out.pool.strides(), out.pool.strides() + ndim);
-      if (aoti_torch_get_dtype(out.pool.get(), &out.dtype) != AOTI_TORCH_SUCCESS) {
-        PyErr_SetString(PyExc_RuntimeError, "torch_cppwrap: CUDA graph install: no dtype");
-        return nullptr;
-      }
-    }
-    Py_INCREF(graph);
-    graph_ = graph;  // capture() released the one this replaces
-    exec_ = reinterpret_cast<CUgraphExec>(static_cast<uintptr_t>(exec));
-    device_ = device;
-    stream_ = reinterpret_cast<void*>(static_cast<uintptr_t>(stream));
-    state_.store(kReady, std::memory_order_release);
-    Py_RETURN_NONE;
+    return outputs;
   }
 
   // Replays the graph for one call, the GIL released.  False when this call
@@ -256,6 +187,142 @@ class GraphReplay {
   }
 
  private:
+  // Takes over the graph cuda_graphs.capture made: (graph, exec, device,
+  // stream, buffers, captured_ptrs, outputs, sizes).  `buffers[i]` is the
+  // buffer input i is copied into, or None where the graph reads the input
+  // where it was captured.  False, with an exception set, when it does not fit.
+  bool install(PyObject* args) {
+    PyObject* graph = nullptr;
+    unsigned long long exec = 0;
+    int device = 0;
+    unsigned long long stream = 0;
+    PyObject* buffers = nullptr;
+    PyObject* captured = nullptr;
+    PyObject* outputs = nullptr;
+    PyObject* nbytes = nullptr;
+    if (!PyArg_ParseTuple(
+            args, "OKiKO!O!O!O!", &graph, &exec, &device, &stream, &PyList_Type, &buffers,
+            &PyList_Type, &captured, &PyList_Type, &outputs, &PyList_Type, &nbytes)) {
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (state() != kCapturing) {
+      PyErr_SetString(PyExc_RuntimeError, "torch_cppwrap: CUDA graph installed out of turn");
+      return false;
+    }
+    const size_t n_in = inputs_.size();
+    const size_t n_out = outputs_.size();
+    if (static_cast<size_t>(PyList_GET_SIZE(buffers)) != n_in ||
+        static_cast<size_t>(PyList_GET_SIZE(captured)) != n_in ||
+        static_cast<size_t>(PyList_GET_SIZE(outputs)) != n_out ||
+        static_cast<size_t>(PyList_GET_SIZE(nbytes)) != n_in + n_out) {
+      PyErr_SetString(PyExc_ValueError, "torch_cppwrap: CUDA graph install: wrong list sizes");
+      return false;
+    }
+    for (size_t i = 0; i < n_in + n_out; ++i) {
+      size_t bytes = PyLong_AsSize_t(PyList_GET_ITEM(nbytes, static_cast<Py_ssize_t>(i)));
+      if (PyErr_Occurred()) {
+        return false;
+      }
+      if (i < n_in) {
+        inputs_[i].bytes = bytes;
+      } else {
+        outputs_[i - n_in].bytes = bytes;
+      }
+    }
+    for (size_t i = 0; i < n_in; ++i) {
+      PyObject* buffer = PyList_GET_ITEM(buffers, static_cast<Py_ssize_t>(i));
+      inputs_[i].captured = PyLong_AsVoidPtr(PyList_GET_ITEM(captured, static_cast<Py_ssize_t>(i)));
+      if (PyErr_Occurred()) {
+        return false;
+      }
+      if (buffer != Py_None && api->unpack(buffer, inputs_[i].buffer.slot(), "graph input buffer") != 0) {
+        return false;
+      }
+    }
+    for (size_t i = 0; i < n_out; ++i) {
+      Output& out = outputs_[i];
+      if (api->unpack(PyList_GET_ITEM(outputs, static_cast<Py_ssize_t>(i)), out.pool.slot(), "graph output") != 0) {
+        return false;
+      }
+      const int64_t ndim = api->dim(out.pool.slot());
+      out.sizes.assign(out.pool.sizes(), out.pool.sizes() + ndim);
+      out.strides.assign(out.pool.strides(), out.pool.strides() + ndim);
+      if (aoti_torch_get_dtype(out.pool.get(), &out.dtype) != AOTI_TORCH_SUCCESS) {
+        PyErr_SetString(PyExc_RuntimeError, "torch_cppwrap: CUDA graph install: no dtype");
+        return false;
+      }
+    }
+    Py_INCREF(graph);
+    graph_ = graph;  // capture() released the one this replaces
+    exec_ = reinterpret_cast<CUgraphExec>(static_cast<uintptr_t>(exec));
+    device_ = device;
+    stream_ = reinterpret_cast<void*>(static_cast<uintptr_t>(stream));
+    state_.store(kReady, std::memory_order_release);
+    return true;
+  }
+
+  // Drives the coroutine cuda_graphs.capture(args, first input addresses):
+  // at each value it yields (a list of inputs) the kernels run on it, and
+  // their outputs are sent back; a failed run is thrown in instead.  Returns
+  // what the coroutine returned, or nullptr with an exception set.
+  PyObject* run_capture(PyObject* args, RunKernels run_kernels) {
+    PyObject* ptrs = PyList_New(static_cast<Py_ssize_t>(first_ptrs_.size()));
+    if (ptrs == nullptr) {
+      return nullptr;
+    }
+    for (size_t i = 0; i < first_ptrs_.size(); ++i) {
+      PyList_SET_ITEM(ptrs, static_cast<Py_ssize_t>(i), PyLong_FromVoidPtr(first_ptrs_[i]));
+    }
+    PyObject* helper = PyImport_ImportModule("torch_cppwrap._inductor.runtime.cuda_graphs");
+    PyObject* steps = nullptr;
+    if (helper != nullptr) {
+      steps = PyObject_CallMethod(helper, "capture", "OO", args, ptrs);
+      Py_DECREF(helper);
+    }
+    Py_DECREF(ptrs);
+    if (steps == nullptr) {
+      return nullptr;
+    }
+    PyObject* sent = Py_NewRef(Py_None);
+    PyObject* result = nullptr;
+    for (;;) {
+      PyObject* yielded = nullptr;
+      const PySendResult status = PyIter_Send(steps, sent, &yielded);
+      Py_DECREF(sent);
+      if (status != PYGEN_NEXT) {
+        result = yielded;  // the return value, or nullptr on an exception
+        break;
+      }
+      sent = run_kernels(yielded);
+      Py_DECREF(yielded);
+      if (sent == nullptr) {
+        PyObject* type = nullptr;
+        PyObject* error = nullptr;
+        PyObject* traceback = nullptr;
+        PyErr_Fetch(&type, &error, &traceback);
+        PyErr_NormalizeException(&type, &error, &traceback);
+        if (traceback != nullptr) {
+          PyException_SetTraceback(error, traceback);
+        }
+        PyObject* next = PyObject_CallMethod(steps, "throw", "O", error);
+        Py_XDECREF(type);
+        Py_XDECREF(error);
+        Py_XDECREF(traceback);
+        if (next != nullptr) {  // it would go on after a failed run
+          Py_DECREF(next);
+          PyErr_SetString(PyExc_RuntimeError, "torch_cppwrap: CUDA graph capture outlived a failed run");
+        } else if (PyErr_ExceptionMatches(PyExc_StopIteration)) {
+          PyErr_Clear();  // it gave up, as it does on any error
+          result = Py_NewRef(Py_None);
+        }
+        break;
+      }
+    }
+    Py_DECREF(steps);
+    return result;
+  }
+
   struct Input {
     Tensor buffer;  // defined: the input is copied here before each replay
     void* captured = nullptr;
@@ -298,23 +365,15 @@ class GraphReplay {
 }  // namespace cppwrap
 
 // The module definition of a CUDA graph that may be replayed as one CUDA
-// graph: `call`, plus `call_eager` (the kernels one by one, never a replay: what
-// the capture runs), `cuda_graph_state` and the install hook.  Expects a
-// `cppwrap::cuda::GraphReplay cuda_graph` and `call_eager_impl` defined.
+// graph: `call` and `cuda_graph_state`.  Expects a
+// `cppwrap::cuda::GraphReplay cuda_graph` defined.
 #define CPPWRAP_CUDA_DEFINE_GRAPH_MODULE(doc)                                   \
   static PyObject* cppwrap_graph_state(PyObject*, PyObject*) {                  \
     static const char* const names[] = {                                        \
         "warmup", "capture", "capturing", "ready", "off"};                      \
     return PyUnicode_FromString(names[cuda_graph.state()]);                     \
   }                                                                             \
-  static PyObject* cppwrap_install_graph(PyObject*, PyObject* args) {           \
-    return cuda_graph.install(args);                                            \
-  }                                                                             \
   CPPWRAP_DEFINE_MODULE_WITH_METHODS(                                           \
       doc,                                                                      \
-      {"call_eager", (PyCFunction)call_eager_impl, METH_O,                      \
-       "Run the compiled graph kernel by kernel, never as a CUDA graph."},      \
       {"cuda_graph_state", (PyCFunction)cppwrap_graph_state, METH_NOARGS,       \
-       "warmup, capture, capturing, ready (replaying) or off."},                \
-      {"install_cuda_graph", (PyCFunction)cppwrap_install_graph, METH_VARARGS,  \
-       "Used by torch_cppwrap._inductor.runtime.cuda_graphs.capture."}, )
+       "warmup, capture, capturing, ready (replaying) or off."}, )

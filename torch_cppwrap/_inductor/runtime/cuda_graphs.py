@@ -2,11 +2,17 @@
 
 A CUDA wrapper module that :class:`CppWrapperGpu` found replayable (all
 inputs and outputs CUDA tensors of fixed shapes; no host synchronisation,
-random numbers or input mutation) calls :func:`capture` on its second call,
-with that call's inputs.  The first call ran the kernels one by one (loading
-every cubin, initialising cuBLAS) and noted each input's address.  From here
-on ``cppwrap::cuda::GraphReplay`` replays the graph in C++ with no Python;
-see ``cppwrap_cuda_graph.h`` for what a replay does.
+random numbers or input mutation) captures its graph on its second call.  The
+first call ran the kernels one by one (loading every cubin, initialising
+cuBLAS) and noted each input's address.
+
+The capture is :func:`capture`, a coroutine that ``cppwrap::cuda::GraphReplay``
+drives from C++: torch's side of it (the memory pool, the capture stream, the
+``torch.cuda.CUDAGraph``) is set up here, and at each ``yield`` C++ runs the
+graph's kernels itself on the inputs yielded and sends back their outputs.
+Nothing here calls into the module.  From then on ``GraphReplay`` replays the
+graph in C++ with no Python; see ``cppwrap_cuda_graph.h`` for what a replay
+does.
 
 Inputs that kept their address between the two calls (parameters, buffers,
 an input the caller reuses) are read where they are; a replay needs them
@@ -20,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import torch
@@ -77,11 +84,21 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def capture(module: Any, args: list[Any], first_ptrs: list[int]) -> Any:
-    """Captures `module`'s graph on this call's `args` and installs it in the
-    module.  Returns this call's outputs, or None when the graph is not to be
-    captured; the module then runs this call, and every later one, kernel by
-    kernel."""
+# What the capture coroutine yields (the inputs to run the kernels on), is
+# sent (the kernels' outputs) and returns: this call's outputs, and the
+# arguments of GraphReplay::install (the graph, its executable, device and
+# stream, each input's buffer or None, the captured inputs' addresses, the
+# outputs in the graph's pool, and the bytes of every input and output).
+Capture = Generator[
+    list[torch.Tensor], Sequence[Any], "tuple[tuple[Any, ...], tuple[Any, ...]] | None"
+]
+
+
+def capture(args: list[Any], first_ptrs: list[int]) -> Capture:
+    """Captures a module's graph on this call's `args`, for C++ to install.
+    Returns None when the graph is not to be captured: the module then runs
+    this call, and every later one, kernel by kernel.  A failed kernel run is
+    thrown in at the `yield` it answers."""
     if not enabled():
         return None
     if torch.cuda.is_current_stream_capturing():
@@ -93,7 +110,7 @@ def capture(module: Any, args: list[Any], first_ptrs: list[int]) -> Any:
         return None
     try:
         with _capture_lock:
-            return _capture(module, args, first_ptrs)
+            return (yield from _capture(args, first_ptrs))
     except Exception as e:  # the module falls back to launching kernel by kernel
         log.warning(
             "torch_cppwrap: capturing the graph as a CUDA graph failed; it runs "
@@ -103,7 +120,7 @@ def capture(module: Any, args: list[Any], first_ptrs: list[int]) -> Any:
         return None
 
 
-def _capture(module: Any, args: list[Any], first_ptrs: list[int]) -> Any:
+def _capture(args: list[Any], first_ptrs: list[int]) -> Capture:
     if len(args) != len(first_ptrs) or not all(
         isinstance(a, torch.Tensor) and a.is_cuda for a in args
     ):
@@ -138,12 +155,11 @@ def _capture(module: Any, args: list[Any], first_ptrs: list[int]) -> Any:
         # generator thinking it is still capturing).
         side.wait_stream(stream)
         with torch.cuda.stream(side):
-            module.call_eager(list(graph_inputs))
+            yield list(graph_inputs)
         side.synchronize()
         # thread_local: other threads keep running kernel by kernel meanwhile.
         with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-            outputs = module.call_eager(list(graph_inputs))
-    outputs = tuple(outputs)
+            outputs = tuple((yield list(graph_inputs)))
 
     input_storages = {_storage(t) for t in graph_inputs}
     output_storages = [
@@ -165,7 +181,11 @@ def _capture(module: Any, args: list[Any], first_ptrs: list[int]) -> Any:
     with torch.cuda.stream(stream):
         graph.replay()
         results = tuple(t.clone() for t in outputs)
-    module.install_cuda_graph(
+    log.debug(
+        "torch_cppwrap: graph captured; %d input(s) copied per call",
+        sum(b is not None for b in buffers),
+    )
+    return results, (
         graph,
         graph.raw_cuda_graph_exec(),
         device.index,
@@ -175,8 +195,3 @@ def _capture(module: Any, args: list[Any], first_ptrs: list[int]) -> Any:
         list(outputs),
         [_nbytes(t) for t in graph_inputs] + [_nbytes(t) for t in outputs],
     )
-    log.debug(
-        "torch_cppwrap: graph captured; %d input(s) copied per call",
-        sum(b is not None for b in buffers),
-    )
-    return results

@@ -16,7 +16,7 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
-#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
 
 #if __has_include(<torch/csrc/shim_exception_state.h>)
 #include <torch/csrc/shim_exception_state.h>
@@ -128,8 +128,15 @@ const char* last_error() {
   return last_error_message.c_str();
 }
 
+// torch.Tensor <-> at::Tensor through torch's pybind11 caster, whose two
+// functions live in libtorch_python.  Including python_variable.h instead
+// adds about half again to the build of this file, which is the first thing
+// a new cache compiles.
+using TensorCaster = pybind11::detail::make_caster<at::Tensor>;
+
 int unpack(PyObject* obj, void* slot, const char* what) {
-  if (!THPVariable_Check(obj)) {
+  TensorCaster caster;
+  if (!caster.load(obj, /*convert=*/false)) {
     PyErr_Format(
         PyExc_TypeError,
         "compiled graph expected a Tensor for %s, got %s",
@@ -137,25 +144,29 @@ int unpack(PyObject* obj, void* slot, const char* what) {
         Py_TYPE(obj)->tp_name);
     return -1;
   }
-  new (slot) at::Tensor(THPVariable_Unpack(obj));
+  new (slot) at::Tensor(pybind11::detail::cast_op<at::Tensor&&>(std::move(caster)));
   return 0;
 }
 
 int borrow(PyObject* obj, void* slot, const char* what) {
-  if (!THPVariable_Check(obj)) {
-    return unpack(obj, slot, what);  // raises the TypeError
+  if (unpack(obj, slot, what) != 0) {
+    return -1;
   }
-  // The bits of an at::Tensor are its TensorImpl pointer; copying them takes
-  // no reference, which is the point.
+  // The bits of an at::Tensor are its TensorImpl pointer: the slot keeps
+  // them and gives back the reference unpack took; `obj`, which the caller
+  // holds, keeps the TensorImpl alive.
   static_assert(sizeof(at::Tensor) == sizeof(c10::TensorImpl*));
-  const at::Tensor& tensor = THPVariable_Unpack(obj);
-  *static_cast<c10::TensorImpl**>(slot) = tensor.unsafeGetTensorImpl();
+  at::Tensor& tensor = tensor_at(slot);
+  c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+  tensor.~Tensor();
+  *static_cast<c10::TensorImpl**>(slot) = impl;
   return 0;
 }
 
 PyObject* wrap(void* slot) {
   at::Tensor& t = tensor_at(slot);
-  PyObject* result = THPVariable_Wrap(std::move(t));
+  PyObject* result =
+      TensorCaster::cast(t, pybind11::return_value_policy::move, pybind11::handle()).ptr();
   t.~Tensor();
   return result;
 }

@@ -228,11 +228,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         # The capture coroutine never calls into the module: C++ runs the
         # kernels on what it yields and sends back their outputs, and throws
         # a failed run in.  Two stand-ins that give up instead of capturing.
-        def fn(x, w):
-            return torch.relu(x @ w) @ w + 1
-
         x, w = torch.randn(16, 32, device="cuda"), torch.randn(32, 32, device="cuda")
-        expected = fn(x, w)
         sent: list[Any] = []
         thrown: list[BaseException] = []
 
@@ -241,25 +237,34 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             sent.append((yield list(args)))
             return None
 
-        def bad_inputs(args: list[Any], first_ptrs: list[int]) -> Any:
+        def fails(args: list[Any], first_ptrs: list[int]) -> Any:
             try:
-                yield [args[0][:8], args[1]]  # not the shape the graph was built for
+                yield [None, *args[1:]]
             except Exception as e:
                 thrown.append(e)
             return None
 
-        for stand_in in (sends_back, bad_inputs):
+        # A graph of its own for each (the module, and its replay state,
+        # would otherwise be the one loaded for the first).
+        for offset, stand_in in enumerate((sends_back, fails), start=1):
+
+            def fn(x, w, offset=offset):
+                return torch.relu(x @ w) @ w + offset
+
+            expected = fn(x, w)
             with mock.patch.object(cuda_graphs, "capture", stand_in):
                 compiled, module, _ = self.compile_module(fn, (x, w))
                 self.assertFalse(hasattr(module, "call_eager"))
+                self.assertEqual(module.cuda_graph_state(), "capture")
                 self.assertEqual(compiled(x, w), expected, atol=1e-3, rtol=1e-3)
                 self.assertEqual(module.cuda_graph_state(), "off")
                 self.assertEqual(compiled(x, w), expected, atol=1e-3, rtol=1e-3)
-            torch._dynamo.reset()
-        ((out,),) = sent
-        self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
-        self.assertEqual(len(thrown), 1)
-        self.assertIn("expected size", str(thrown[0]))
+            if stand_in is sends_back:
+                ((out,),) = sent
+                self.assertEqual(out, expected, atol=1e-3, rtol=1e-3)
+        (error,) = thrown
+        self.assertIsInstance(error, TypeError)
+        self.assertIn("expected a Tensor", str(error))
 
     def test_other_stream_and_threads(self) -> None:
         def fn(x, w):

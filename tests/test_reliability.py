@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch._dynamo.utils import counters
 from torch._inductor import config
 from torch._inductor.codecache import PyCodeCache
 from torch._inductor.test_case import run_tests
@@ -152,6 +153,52 @@ class TestReentrancy(CppWrapperTestCase):
         torch.testing.assert_close(result, ((x + 1) * 100).sum())
         # The op's result was consumed by the sum kernel and freed there.
         self.assertIsNone(made[-1]())
+
+
+class TestRedefinedOps(CppWrapperTestCase):
+    def test_ops_redefined_between_two_compiles_of_one_graph(self) -> None:
+        # PyTorch's tests define ops in a scoped library and may run a test's
+        # body twice (tf32 off, then on): the second compile finds the first's
+        # module in the FX graph cache, loaded already, whose ops must be the
+        # ones defined now, not the first library's, long freed.
+        def compile_with_ops(scale: float) -> list[Any]:
+            with torch.library._scoped_library("cppwrap_redef", "DEF") as lib:
+                lib.define("scale(Tensor x, bool flag) -> Tensor")
+                lib.impl(
+                    "scale", lambda x, flag: x * scale, "CompositeExplicitAutograd"
+                )
+                lib.impl("scale", lambda x, flag: torch.empty_like(x), "Meta")
+                lib.define("add_one(Tensor(a!) x) -> ()")
+
+                def add_one(x: torch.Tensor) -> None:
+                    x.add_(1)
+
+                lib.impl("add_one", add_one, "CompositeExplicitAutograd")
+                lib.impl("add_one", lambda x: None, "Meta")
+
+                def fn(x):
+                    y = torch.ops.cppwrap_redef.scale(x + 1, True)
+                    torch.ops.cppwrap_redef.add_one(y)
+                    return y * 2
+
+                x = torch.randn(8)
+                torch._dynamo.reset()
+                before = len(PyCodeCache.modules)
+                with config.patch(cpp_wrapper=True, fx_graph_cache=True):
+                    result = torch.compile(fn)(x)
+                torch.testing.assert_close(result, ((x + 1) * scale + 1) * 2)
+                return _graph_modules(before)
+
+        counters.clear()
+        (module,) = compile_with_ops(3.0)
+        with open(module.__file__) as f:
+            self.assertIn("from torch_cppwrap._inductor.codecache import", f.read())
+        self.assertEqual(counters["inductor"]["fxgraph_cache_miss"], 1)
+        (again,) = compile_with_ops(5.0)
+        self.assertIs(
+            again._module, module._module
+        )  # one extension, its ops found once
+        self.assertEqual(counters["inductor"]["fxgraph_cache_hit"], 1)
 
 
 class TestInputChecks(CppWrapperTestCase):

@@ -385,14 +385,24 @@ int item_double(const void* slot, double* out) {
 
 // ---- boxed calls ----
 
+// A graph module finds each op once and keeps the handle for the process's
+// life.  An op defined by a library that goes away (torch.library's scoped
+// libraries, as in PyTorch's tests) would leave the handle dangling, and a
+// module loaded again from the FX graph cache calling whatever took its
+// place.  Holding a registration of the op's name keeps the dispatcher's
+// entry for it: defined again, the op is found at the same entry; undefined,
+// calling it raises.
 struct OpHandle {
   c10::OperatorHandle op;
+  c10::RegistrationHandleRAII keep_entry;
 };
 
 void* find_op(const char* name, const char* overload) {
   try {
-    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
-    return new OpHandle{op};  // lives as long as the process, like the op
+    auto& dispatcher = c10::Dispatcher::singleton();
+    auto op = dispatcher.findSchemaOrThrow(name, overload);
+    // Never freed: the modules holding it stay loaded.
+    return new OpHandle{op, dispatcher.registerName(op.operator_name())};
   } catch (const std::exception& e) {
     fail(e.what());
     return nullptr;

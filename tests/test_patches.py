@@ -156,6 +156,76 @@ def patched_torch() -> Path:
     return root
 
 
+# A class in sections, as cpp_wrapper_cpu.py is; the series adds the second
+# section in a patch of its own.
+SECTIONED = textwrap.dedent(
+    """
+    from typing import Any
+
+
+    class Wrapper(Base):
+        # ------------------------------------------------------------------
+        # core
+        # ------------------------------------------------------------------
+
+        def run(self) -> str:
+            return self._spell()
+
+        def _spell(self) -> str:
+            return "core"
+
+        # ------------------------------------------------------------------
+        # extra ops: what a later patch adds
+        # ------------------------------------------------------------------
+
+        def codegen_extra(self) -> str:
+            return self._extra_helper()
+
+        def _extra_helper(self) -> str:
+            return "extra"
+
+        def _base_hook(self) -> str:
+            return "ours"
+
+
+    def after() -> str:
+        return "after the class"
+    """
+)
+EXTRA = "extra ops: what a later patch adds"
+
+
+class TestSections(TestCase):
+    def staged(self, text: str) -> dict[str, Any]:
+        source = _patches.hold_back(text, [EXTRA], frozenset({"_base_hook"}), "x.py")
+        self.assertIn("# extra ops: what a later patch adds", source)  # banner kept
+        namespace: dict[str, Any] = {"Base": object}
+        exec(compile(source, "x.py", "exec"), namespace)
+        return namespace
+
+    def test_a_held_back_section_leaves_stubs_for_its_hooks(self) -> None:
+        namespace = self.staged(SECTIONED)
+        wrapper = namespace["Wrapper"]()
+        self.assertEqual(wrapper.run(), "core")
+        self.assertEqual(namespace["after"](), "after the class")
+        # Public methods and overrides of the base raise; helpers are gone.
+        for hook in (wrapper.codegen_extra, wrapper._base_hook):
+            with self.assertRaisesRegex(NotImplementedError, "extra ops: in a later"):
+                hook()
+        self.assertFalse(hasattr(wrapper, "_extra_helper"))
+        # Nothing held back: the text is unchanged.
+        self.assertEqual(_patches.hold_back(SECTIONED, [], frozenset(), "x"), SECTIONED)
+
+    def test_a_helper_needed_before_its_section_stops_the_export(self) -> None:
+        text = SECTIONED.replace("return self._spell()", "return self._extra_helper()")
+        with self.assertRaisesRegex(_patches.PatchError, r"calls _extra_helper"):
+            self.staged(text)
+
+    def test_an_unknown_section_stops_the_export(self) -> None:
+        with self.assertRaisesRegex(_patches.PatchError, "has no section 'nope'"):
+            _patches.hold_back(SECTIONED, ["nope"], frozenset(), "x.py")
+
+
 class TestPatchSeries(TestCase):
     def test_check_passes_on_the_committed_series(self) -> None:
         out, err = io.StringIO(), io.StringIO()

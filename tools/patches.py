@@ -13,7 +13,11 @@ does not apply cleanly.
 The series is a table, :data:`SERIES`: each patch names the package's files
 it adds and the edit it makes to upstream's files.  A new module of the
 package goes into one patch's ``files`` (one line); a module in no patch
-stops the export, naming itself.
+stops the export, naming itself.  A class too big for one patch (the CPU
+wrapper) grows over several: a later patch names the ``sections`` it adds (a
+section is a banner comment and what follows it), and until then the class
+has, for each public method or base-class override of the section, a stub
+that raises NotImplementedError (see :func:`hold_back`).
 
 Our files are added beside upstream's; no upstream file is moved or renamed,
 so AOTInductor and every out-of-tree importer (XPU, MTIA, PrivateUse1
@@ -140,6 +144,7 @@ TARGETS = {
 }
 # Our classes that would share a name with upstream's -> their name in torch.
 CLASS_NAMES = {w.cls: w.jit_cls for w in JIT_WRAPPERS}
+CPU_WRAPPER = JIT_WRAPPERS[0].source
 COMMON = "torch/_inductor/codegen/common.py"
 GRAPH = "torch/_inductor/graph.py"
 IR = "torch/_inductor/ir.py"
@@ -437,15 +442,134 @@ def rename_classes(text: str, where: str) -> str:
     return text
 
 
-def place_files(tree: Tree, placed: dict[str, Placement], files: Sequence[str]) -> None:
+def place_files(
+    tree: Tree,
+    placed: dict[str, Placement],
+    files: Sequence[str],
+    to_come: dict[str, list[str]] | None = None,
+) -> None:
     """Writes our `files` at their places, their references to any of our
-    modules and classes rewritten."""
+    modules and classes rewritten, without the sections `to_come` names for
+    each (added by later patches)."""
     names = module_names(list(placed.values()))
     for name in files:
         where = f"{PACKAGE}/{name}"
         text = (PACKAGE_ROOT / name).read_bytes().decode()
+        if to_come and to_come.get(name):
+            text = hold_back(text, to_come[name], _base_methods(tree), where)
         text = rename_classes(rewrite_references(text, names, where), where)
         tree.write(placed[name].target, text)
+
+
+# ---------------------------------------------------------------------------
+# a class added over several patches, a section of it at a time
+# ---------------------------------------------------------------------------
+
+# A section of a class body: its banner, three comment lines at method
+# indentation, then everything up to the next banner or the end of the class.
+_RULE = "    # " + "-" * 66
+WRAPPER_BASE = ("torch/_inductor/codegen/wrapper.py", "PythonWrapperCodegen")
+
+
+def section_spans(text: str) -> dict[str, tuple[int, int]]:
+    """Section title -> (first line, line after the last) in `text`."""
+    lines = text.splitlines(keepends=True)
+    starts = [
+        i
+        for i in range(len(lines) - 2)
+        if lines[i].rstrip() == _RULE
+        and lines[i + 2].rstrip() == _RULE
+        and lines[i + 1].startswith("    # ")
+    ]
+    spans = {}
+    for n, start in enumerate(starts):
+        end = starts[n + 1] if n + 1 < len(starts) else len(lines)
+        for i in range(start + 3, end):  # the class ends at an unindented line
+            if lines[i].strip() and not lines[i].startswith((" ", "\t")):
+                end = i
+                break
+        spans[lines[start + 1][6:].strip()] = (start, end)
+    return spans
+
+
+def _methods(source: str) -> list[str]:
+    """Names of the functions defined at the top of a class-body fragment."""
+    body = ast.parse(textwrap.dedent(source)).body
+    return [node.name for node in body if isinstance(node, ast.FunctionDef)]
+
+
+def _base_methods(tree: Tree) -> frozenset[str]:
+    path, cls = WRAPPER_BASE
+    module = ast.parse(tree.read(path))
+    (node,) = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == cls]
+    return frozenset(n.name for n in node.body if isinstance(n, ast.FunctionDef))
+
+
+def _short(title: str) -> str:
+    """A section's first two words: "control flow: ..." -> "control flow"."""
+    return " ".join(re.findall(r"[a-z0-9]+", title.lower())[:2])
+
+
+def hold_back(
+    text: str, titles: Sequence[str], base_methods: frozenset[str], where: str
+) -> str:
+    """`text` without the class sections `titles`, as a patch before the one
+    that adds them shows it: each section's public methods and overrides of
+    `base_methods` raise NotImplementedError (a wrapper is registered only by
+    the series' last patch, so nothing runs them), its private helpers are
+    left out.  Fails when what stays calls a helper left out."""
+    spans = section_spans(text)
+    unknown = [t for t in titles if t not in spans]
+    if unknown:
+        raise PatchError(f"{where} has no section {', '.join(map(repr, unknown))}")
+    lines = text.splitlines(keepends=True)
+    removed: set[str] = set()
+    for title in sorted(titles, key=lambda t: spans[t][0], reverse=True):
+        start, end = spans[title]
+        section = "".join(lines[start + 3 : end])
+        names = _methods(section)
+        removed.update(names)
+        short = _short(title)
+        stub = f"_{short.replace(' ', '_')}_to_come"
+        kept = [n for n in names if not n.startswith("_") or n in base_methods]
+        replacement = [
+            *lines[start : start + 3],
+            "\n",
+            f"    def {stub}(self, *args: Any, **kwargs: Any) -> Any:\n",
+            f'        raise NotImplementedError("{short}: in a later patch")\n',
+            "\n",
+            *(f"    {name} = {stub}\n" for name in kept),
+            "\n",
+        ]
+        lines[start:end] = replacement
+    staged = "".join(lines)
+    left = set(_methods_of_classes(staged))
+    dangling = sorted(
+        name
+        for name in removed - left
+        if re.search(rf"\bself\.{re.escape(name)}\b", staged)
+    )
+    if dangling:
+        raise PatchError(
+            f"{where}: what comes before its sections {', '.join(map(repr, titles))} "
+            f"calls {', '.join(dangling)}, defined in them; move each to a section "
+            "of an earlier patch"
+        )
+    return staged
+
+
+def _methods_of_classes(text: str) -> list[str]:
+    """What the classes of a module define: methods, and names bound to them."""
+    names = []
+    for cls in ast.parse(text).body:
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for node in cls.body:
+            if isinstance(node, ast.FunctionDef):
+                names.append(node.name)
+            elif isinstance(node, ast.Assign):
+                names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return names
 
 
 # ---------------------------------------------------------------------------
@@ -688,6 +812,8 @@ class Patch:
     subject: str  # after "[inductor] "
     body: str  # why; paragraphs split by blank lines, wrapped at export
     files: tuple[str, ...] = ()  # what it adds: the package's files (TARGETS)
+    # What it adds to a file an earlier patch placed: (file, section title).
+    sections: tuple[tuple[str, str], ...] = ()
     edit: Callable[[Tree], None] | None = None  # what it changes upstream
 
     def message(self) -> str:
@@ -794,9 +920,40 @@ SERIES: tuple[Patch, ...] = (
         CppWrapperCpuJit overrides PythonWrapperCodegen's hooks (write_*,
         codegen_*, make_*, generate_*) as CppWrapperCpu does, and builds
         through cppwrap_codecache instead of the AOTI runtime.  CppWrapperCpu
-        is unchanged: AOTInductor and the wrappers derived from it keep
-        it.  Not registered yet.""",
+        is unchanged: AOTInductor and the wrappers derived from it keep it.
+
+        This patch covers graphs of Inductor's own kernels; the next three
+        add extern kernels and fallback ops, device copies and layout checks,
+        and control flow, whose hooks raise NotImplementedError until then.
+        Not registered yet.""",
         files=("_inductor/codegen/cpp_wrapper_cpu.py",),
+    ),
+    Patch(
+        "C++ wrapper for JIT graphs: extern kernels and fallback ops",
+        """An op Inductor does not generate a kernel for is called through its
+        C-shim function where torch has one (aoti_torch_cpu_mm_out, ...),
+        otherwise boxed through the dispatcher, with its arguments pushed in
+        C++; its failure raises the exception the op raised.  Collectives
+        keep their work handles for the wait that follows.""",
+        sections=((CPU_WRAPPER, "extern kernels and fallbacks"),),
+    ),
+    Patch(
+        "C++ wrapper for JIT graphs: device copies, layout checks, unbacked sizes",
+        """Copies between devices, assert_size_stride on an op's result, and
+        the sizes a graph only knows once it runs (nonzero, a dynamic select
+        or slice), read on the host into the C++ integers the rest of the
+        graph uses.""",
+        sections=(
+            (CPU_WRAPPER, "device copies, layout checks and data-dependent sizes"),
+        ),
+    ),
+    Patch(
+        "C++ wrapper for JIT graphs: control flow",
+        """torch.cond (and torch.switch where torch has it), while_loop and
+        invoke_subgraph: each subgraph is generated inline as a C++ block of
+        the same function, its inputs and outputs the outer graph's
+        buffers.""",
+        sections=((CPU_WRAPPER, "control flow: subgraphs inlined as C++ blocks"),),
     ),
     Patch(
         "Add the CUDA part of the cppwrap runtime",
@@ -882,9 +1039,23 @@ def build_series(site_packages: Path) -> dict[str, bytes]:
     """File name -> contents of the series for the torch under `site_packages`."""
     tree = Tree(site_packages)
     placed = placements(tree)
+    to_come: dict[str, list[str]] = {}
+    for patch in SERIES:
+        for name, title in patch.sections:
+            to_come.setdefault(name, []).append(title)
+    seen: set[str] = set()
     snapshots = []
     for patch in SERIES:
-        place_files(tree, placed, patch.files)
+        seen.update(patch.files)
+        for name, title in patch.sections:
+            if name not in seen:
+                raise PatchError(
+                    f"{patch.subject!r} adds a section to {name}, which no earlier "
+                    "patch places"
+                )
+            to_come[name].remove(title)
+        grown = [n for n in dict.fromkeys(n for n, _ in patch.sections)]
+        place_files(tree, placed, [*patch.files, *grown], to_come)
         if patch.edit is not None:
             patch.edit(tree)
         snapshots.append(dict(tree.edits))

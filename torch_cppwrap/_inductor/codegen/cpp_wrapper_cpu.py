@@ -635,14 +635,6 @@ class CppWrapperCpu(PythonWrapperCodegen):
         op = parts[-2] if parts[-1] == "call" else parts[-1]
         return f"aoti_torch_{device}_{op}"
 
-    @staticmethod
-    def _checked_shim_call(shim_fn: str, args: Sequence[str], where: str) -> str:
-        """A statement calling `shim_fn`; its failure names it and `where`
-        (the op, or the buffer it computes), in the words of upstream's
-        check, which PyTorch's tests match."""
-        what = spell.string_literal(f"{shim_fn} API call failed at {where}")
-        return f"cppwrap::check_shim({shim_fn}({', '.join(args)}), {what});"
-
     def _shim_call(
         self, shim_fn: str, args: Sequence[str], where: str, device: str
     ) -> None:
@@ -1076,6 +1068,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
             "compile without cpp_wrapper=True for this model"
         )
 
+    # ------------------------------------------------------------------
+    # device copies, layout checks and data-dependent sizes
+    # ------------------------------------------------------------------
+
     def codegen_device_copy(self, src: str, dst: str, non_blocking: Any) -> None:
         # DeviceCopy spells `dst` as a cppwrap::Tensor, InplaceCopyFallback as
         # a shim handle (through val_to_arg_str, as both spell `src` and the
@@ -1201,8 +1197,16 @@ class CppWrapperCpu(PythonWrapperCodegen):
         return f"int64_t {name}"
 
     # ------------------------------------------------------------------
-    # argument values for C-shim calls
+    # C-shim calls and their arguments
     # ------------------------------------------------------------------
+
+    @staticmethod
+    def _checked_shim_call(shim_fn: str, args: Sequence[str], where: str) -> str:
+        """A statement calling `shim_fn`; its failure names it and `where`
+        (the op, or the buffer it computes), in the words of upstream's
+        check, which PyTorch's tests match."""
+        what = spell.string_literal(f"{shim_fn} API call failed at {where}")
+        return f"cppwrap::check_shim({shim_fn}({', '.join(args)}), {what});"
 
     def val_to_arg_str(self, val: Any, type_: Any = None) -> str:
         return shim_argument(self.codegen_sizevar, val, type_)

@@ -452,11 +452,12 @@ def place_files(
     modules and classes rewritten, without the sections `to_come` names for
     each (added by later patches)."""
     names = module_names(list(placed.values()))
+    base_methods = _base_methods(tree) if to_come else frozenset()
     for name in files:
         where = f"{PACKAGE}/{name}"
         text = (PACKAGE_ROOT / name).read_bytes().decode()
         if to_come and to_come.get(name):
-            text = hold_back(text, to_come[name], _base_methods(tree), where)
+            text = hold_back(text, to_come[name], base_methods, where)
         text = rename_classes(rewrite_references(text, names, where), where)
         tree.write(placed[name].target, text)
 
@@ -492,17 +493,25 @@ def section_spans(text: str) -> dict[str, tuple[int, int]]:
     return spans
 
 
-def _methods(source: str) -> list[str]:
-    """Names of the functions defined at the top of a class-body fragment."""
-    body = ast.parse(textwrap.dedent(source)).body
-    return [node.name for node in body if isinstance(node, ast.FunctionDef)]
+def _members(body: Sequence[ast.stmt]) -> list[str]:
+    """What a class body defines: its methods, and names bound to them."""
+    names = []
+    for node in body:
+        if isinstance(node, ast.FunctionDef):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            names += [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return names
+
+
+def _classes(text: str) -> list[ast.ClassDef]:
+    return [n for n in ast.parse(text).body if isinstance(n, ast.ClassDef)]
 
 
 def _base_methods(tree: Tree) -> frozenset[str]:
     path, cls = WRAPPER_BASE
-    module = ast.parse(tree.read(path))
-    (node,) = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == cls]
-    return frozenset(n.name for n in node.body if isinstance(n, ast.FunctionDef))
+    (node,) = [c for c in _classes(tree.read(path)) if c.name == cls]
+    return frozenset(_members(node.body))
 
 
 def _short(title: str) -> str:
@@ -527,7 +536,7 @@ def hold_back(
     for title in sorted(titles, key=lambda t: spans[t][0], reverse=True):
         start, end = spans[title]
         section = "".join(lines[start + 3 : end])
-        names = _methods(section)
+        names = _members(ast.parse(textwrap.dedent(section)).body)
         removed.update(names)
         short = _short(title)
         stub = f"_{short.replace(' ', '_')}_to_come"
@@ -543,7 +552,7 @@ def hold_back(
         ]
         lines[start:end] = replacement
     staged = "".join(lines)
-    left = set(_methods_of_classes(staged))
+    left = {name for cls in _classes(staged) for name in _members(cls.body)}
     dangling = sorted(
         name
         for name in removed - left
@@ -556,20 +565,6 @@ def hold_back(
             "of an earlier patch"
         )
     return staged
-
-
-def _methods_of_classes(text: str) -> list[str]:
-    """What the classes of a module define: methods, and names bound to them."""
-    names = []
-    for cls in ast.parse(text).body:
-        if not isinstance(cls, ast.ClassDef):
-            continue
-        for node in cls.body:
-            if isinstance(node, ast.FunctionDef):
-                names.append(node.name)
-            elif isinstance(node, ast.Assign):
-                names += [t.id for t in node.targets if isinstance(t, ast.Name)]
-    return names
 
 
 # ---------------------------------------------------------------------------
@@ -1054,7 +1049,7 @@ def build_series(site_packages: Path) -> dict[str, bytes]:
                     "patch places"
                 )
             to_come[name].remove(title)
-        grown = [n for n in dict.fromkeys(n for n, _ in patch.sections)]
+        grown = list(dict.fromkeys(n for n, _ in patch.sections))
         place_files(tree, placed, [*patch.files, *grown], to_come)
         if patch.edit is not None:
             patch.edit(tree)

@@ -18,11 +18,13 @@ modes must run without it, so this file imports torch_cppwrap only where the
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
 import faulthandler
 import gc
 import json
+import logging
 import os
 import platform
 import resource
@@ -32,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -59,6 +62,8 @@ class Mode:
     imports_torch_cppwrap: bool
     compile_mode: str | None = None
     cuda_only: bool = False
+    # Environment variables the worker runs with.
+    environ: tuple[tuple[str, str], ...] = ()
 
 
 MODES: dict[str, Mode] = {
@@ -74,6 +79,14 @@ MODES: dict[str, Mode] = {
             imports_torch_cppwrap=False,
         ),
         Mode("cppwrap", "torch_cppwrap", cpp_wrapper=True, imports_torch_cppwrap=True),
+        Mode(
+            "cppwrap-no-replay",
+            "torch_cppwrap, kernel by kernel (TORCH_CPPWRAP_CUDA_GRAPHS=0)",
+            cpp_wrapper=True,
+            imports_torch_cppwrap=True,
+            cuda_only=True,
+            environ=(("TORCH_CPPWRAP_CUDA_GRAPHS", "0"),),
+        ),
         Mode(
             "reduce-overhead",
             "CUDA graphs (reduce-overhead)",
@@ -95,6 +108,12 @@ class Workload:
     build: Callable[[str], tuple[Callable[..., Any], tuple[Any, ...]]]
     rtol: float = 1e-4
     atol: float = 1e-4
+    # A training step: the callable returns a loss, each call runs backward().
+    train: bool = False
+    # Compiled with dynamic=True.
+    dynamic: bool = False
+    # Needs timm / transformers; run only when asked for by name (or `models`).
+    real_model: bool = False
 
 
 def _seed(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -158,6 +177,36 @@ def _convnet(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     return model.to(device).eval(), (torch.randn(8, 3, 32, 32, device=device),)
 
 
+def _model(
+    name: str,
+    description: str,
+    *,
+    train: bool = False,
+    dynamic: bool = False,
+    tol: float = 1e-2,
+) -> Workload:
+    return Workload(
+        name,
+        description,
+        _real(name),
+        rtol=tol,
+        atol=tol,
+        train=train,
+        dynamic=dynamic,
+        real_model=True,
+    )
+
+
+def _real(name: str) -> Callable[[str], tuple[Callable[..., Any], tuple[Any, ...]]]:
+    def build(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import models
+
+        return getattr(models, name)(device)
+
+    return build
+
+
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in (
@@ -177,8 +226,27 @@ WORKLOADS: dict[str, Workload] = {
             "3 x (Conv2d, ReLU) + pooling + Linear, batch 8, 3x32x32",
             _convnet,
         ),
+        _model("resnet18", "timm resnet18, batch 2, 224x224"),
+        _model("vit_tiny", "timm vit_tiny_patch16_224, batch 2"),
+        _model("mobilenetv3", "timm mobilenetv3_large_100, batch 2, 224x224"),
+        _model("gpt2", "HF GPT-2 LM, 4 layers, 256 wide, batch 2, seq 64"),
+        _model("bert", "HF BERT, 4 layers, 256 wide, batch 2, seq 128"),
+        _model("t5", "HF T5, 2+2 layers, 256 wide, batch 2, seq 64/32"),
+        _model(
+            "gpt2_train_step",
+            "HF GPT-2, 1 layer, train mode (dropout on): forward + backward of the loss",
+            train=True,
+            tol=5e-2,
+        ),
+        _model(
+            "gpt2_dynamic",
+            "the 4-layer GPT-2, compiled with dynamic=True",
+            dynamic=True,
+        ),
     )
 }
+DEFAULT_WORKLOADS = [w for w, spec in WORKLOADS.items() if not spec.real_model]
+REAL_MODELS = [w for w, spec in WORKLOADS.items() if spec.real_model]
 
 
 # --------------------------------------------------------------------------
@@ -432,17 +500,29 @@ def run_worker(
 
     torch.manual_seed(0)
     fn, args = spec.build(device)
-    with torch.no_grad():
+    # Inference runs under no_grad; a training step calls backward() on the
+    # loss it returns, so its backward graph is compiled and timed too.
+    grad_mode = torch.enable_grad if spec.train else torch.no_grad
+    with grad_mode():
         expected = fn(*args)
-    compiled = torch.compile(fn, mode=mode.compile_mode)
+    compiled = torch.compile(
+        fn, mode=mode.compile_mode, dynamic=True if spec.dynamic else None
+    )
 
+    def step() -> Any:
+        out = compiled(*args)
+        if spec.train:
+            out.backward()
+        return out
+
+    perf_hints = _PerfHints() if mode.imports_torch_cppwrap else None
     counters.clear()
     before = loaded_module_count()
     memory = PeakMemory(device)
     memory.reset()
     start = time.perf_counter()
-    with torch.no_grad():
-        actual = compiled(*args)
+    with grad_mode():
+        actual = step()
     sync()
     result["compile_s"] = time.perf_counter() - start
     result["fx_cache_hit"] = counters["inductor"]["fxgraph_cache_hit"]
@@ -457,15 +537,20 @@ def run_worker(
     modules = new_compiled_modules(before)
     result["graphs"] = len(modules)
     result["wrappers"] = sorted({wrapper_kind(m) for m in modules})
+    if perf_hints is not None:
+        result["python_wrapper_fallbacks"] = counters["inductor"][
+            "cppwrap_python_wrapper_fallback"
+        ]
+        result["perf_hints"] = perf_hints.messages
 
     if phase == "warm":
         stop_compile_workers()
         result["loadavg_before_timing"] = (
             os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         )
-        with torch.no_grad():
+        with grad_mode():
             e2e = time_per_call(
-                lambda: compiled(*args),
+                step,
                 repeats=budget.repeats,
                 target_s=budget.target_s,
                 sync=sync,
@@ -487,7 +572,39 @@ def run_worker(
             result["call_us"] = sum(c.min_us for c in timed)
         result["mem_peak_mb"] = memory.peak_mb()
         result["mem_source"] = memory.source
+        if mode.imports_torch_cppwrap and device == "cuda":
+            result["replay"] = [_replay_state(m) for m in modules]
     return result
+
+
+class _PerfHints(logging.Handler):
+    """Collects what torch_cppwrap says on the perf_hints log (a graph that
+    fell back to the Python wrapper, or is not replayed, and why)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import torch
+
+        self.messages: list[str] = []
+        torch._logging.set_logs(perf_hints=True)
+        for name in ("torch._inductor", "torch_cppwrap"):
+            logging.getLogger(name).addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "torch_cppwrap" in message:
+            self.messages.append(message)
+
+
+def _replay_state(module: Any) -> dict[str, Any]:
+    """Whether one CUDA graph module of ours replays, and if not, why."""
+    if wrapper_kind(module) != "torch_cppwrap":
+        return {"wrapper": wrapper_kind(module)}
+    state = getattr(module._module, "cuda_graph_state", None)
+    return {
+        "state": state() if state is not None else "kernel by kernel",
+        "blocker": getattr(module, "cuda_graph_blocker", None),
+    }
 
 
 def _worker_main(argv: Sequence[str]) -> int:
@@ -559,6 +676,7 @@ def spawn_worker(
     )
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
+    env.update(MODES[mode].environ)
     cmd = worker_command(workload, mode, phase, device, quick)
     try:
         proc = subprocess.run(
@@ -639,21 +757,31 @@ def run_bench(
     threads: int | None = None,
     on_record: Callable[[dict[str, Any]], object] | None = None,
     rounds: int = 1,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Runs every workload in every mode: a cold compile per mode, then
     `rounds` rounds of warm compile + timing per mode.  `on_record` gets the
-    report so far after each round, so an interrupted run keeps its rows."""
-    records: list[dict[str, Any]] = []
+    report so far after each round, so an interrupted run keeps its rows.
+
+    With `jobs` > 1, that many workloads run side by side, but the warm
+    processes (which time) still run one at a time: only cold compiles
+    overlap, each other and a timing run."""
+    by_workload: dict[str, list[dict[str, Any]]] = {}
     steps = len(workloads) * len(modes) * (1 + rounds)
     step = 0
+    lock = threading.Lock()  # the counters, the records and on_record
+    timing = threading.Lock() if jobs > 1 else contextlib.nullcontext()
 
-    def run(workload: str, mode: str, phase: str, cache_dir: str) -> dict[str, Any]:
+    def run(
+        workload: str, mode: str, phase: str, cache_dir: str, round_: int = 0
+    ) -> dict[str, Any]:
         nonlocal step
-        step += 1
-        what = "cold compile" if phase == "cold" else "warm compile + timing"
-        if phase == "warm" and rounds > 1:
-            what += f" (round {len(warm[mode]) + 1}/{rounds})"
-        progress(f"[{step}/{steps}] {workload} / {mode}: {what}...")
+        with lock:
+            step += 1
+            what = "cold compile" if phase == "cold" else "warm compile + timing"
+            if phase == "warm" and rounds > 1:
+                what += f" (round {round_ + 1}/{rounds})"
+            progress(f"[{step}/{steps}] {workload} / {mode}: {what}...")
         r = spawn_worker(
             workload,
             mode,
@@ -664,41 +792,60 @@ def run_bench(
             timeout_s=timeout_s,
             threads=threads,
         )
-        progress("    " + _summary(r))
+        progress(f"    {workload} / {mode} {phase}: " + _summary(r))
         return r
 
-    for workload in workloads:
+    def records_so_far() -> list[dict[str, Any]]:
+        return [r for w in workloads for r in by_workload.get(w, [])]
+
+    def bench_workload(workload: str) -> None:
         cache_dirs = {
             mode: tempfile.mkdtemp(prefix=f"cppwrap-bench-{workload}-{mode}-")
             for mode in modes
         }
         cold: dict[str, dict[str, Any]] = {}
         warm: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
-        done = len(records)
         try:
-            if "cppwrap" in modes:
-                progress("preparing torch_cppwrap's runtime in its cache...")
-                prepare_torch_cppwrap(cache_dirs["cppwrap"], device)
+            for mode in modes:
+                if MODES[mode].imports_torch_cppwrap:
+                    progress(f"preparing torch_cppwrap's runtime in {mode}'s cache...")
+                    prepare_torch_cppwrap(cache_dirs[mode], device)
             for mode in modes:
                 cold[mode] = run(workload, mode, "cold", cache_dirs[mode])
             # Timing rounds alternate the order of the modes, so that a slow
             # spell of the machine does not land on one mode only.
             for round_ in range(rounds):
                 for mode in modes if round_ % 2 == 0 else list(reversed(modes)):
-                    warm[mode].append(run(workload, mode, "warm", cache_dirs[mode]))
-                records[done:] = [
-                    {
-                        **_merge(workload, mode, cold[mode], _best_round(warm[mode])),
-                        "warm_rounds": list(warm[mode]),
-                    }
-                    for mode in modes
-                ]
-                if on_record is not None:
-                    on_record(_report(device, quick, workloads, modes, records))
+                    with timing:
+                        warm[mode].append(
+                            run(workload, mode, "warm", cache_dirs[mode], round_)
+                        )
+                with lock:
+                    by_workload[workload] = [
+                        {
+                            **_merge(
+                                workload, mode, cold[mode], _best_round(warm[mode])
+                            ),
+                            "warm_rounds": list(warm[mode]),
+                        }
+                        for mode in modes
+                    ]
+                    if on_record is not None:
+                        on_record(
+                            _report(device, quick, workloads, modes, records_so_far())
+                        )
         finally:
             for cache_dir in cache_dirs.values():
                 shutil.rmtree(cache_dir, ignore_errors=True)
-    return _report(device, quick, workloads, modes, records)
+
+    if jobs > 1:
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            for future in [pool.submit(bench_workload, w) for w in workloads]:
+                future.result()
+    else:
+        for workload in workloads:
+            bench_workload(workload)
+    return _report(device, quick, workloads, modes, records_so_far())
 
 
 TIMED = ("compile_s", "e2e_us", "e2e_us_median", "call_us", "call_us_median")
@@ -1008,8 +1155,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workloads",
         type=_csv,
-        default=list(WORKLOADS),
-        help=f"comma-separated, from {','.join(WORKLOADS)}",
+        default=list(DEFAULT_WORKLOADS),
+        help=f"comma-separated, from {','.join(WORKLOADS)}, or `models` for "
+        f"every real model (needs timm and transformers; default: "
+        f"{','.join(DEFAULT_WORKLOADS)})",
     )
     parser.add_argument(
         "--modes",
@@ -1039,6 +1188,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=900.0, help="seconds per worker process"
     )
     parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="workloads run side by side (their cold compiles overlap; timing "
+        "runs one at a time); default 1",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -1047,6 +1203,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_from_args(ns: argparse.Namespace) -> int:
+    ns.workloads = [
+        w
+        for item in ns.workloads
+        for w in (REAL_MODELS if item == "models" else [item])
+    ]
     unknown = [w for w in ns.workloads if w not in WORKLOADS] + [
         m for m in ns.modes or () if m not in MODES
     ]
@@ -1079,6 +1240,7 @@ def run_from_args(ns: argparse.Namespace) -> int:
         timeout_s=ns.timeout,
         threads=ns.threads,
         rounds=ns.rounds,
+        jobs=ns.jobs,
         # Rows so far, rewritten after each one: a run stopped by a time limit
         # still leaves its table behind.
         on_record=lambda partial: write_report(partial, ns.out, final=False),

@@ -314,6 +314,57 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
                 self.assertEqual(compiled(x), model(x), atol=1e-3, rtol=1e-3)
             self.assertEqual(module.cuda_graph_state(), "off")
 
+    def test_graphs_share_one_memory_pool_and_keep_their_results(self) -> None:
+        first, second = mlp(depth=3).cuda().eval(), mlp(depth=3).cuda().eval()
+        x = torch.randn(32, 256, device="cuda")
+        with torch.no_grad():
+            run_first, first_module, _ = self.compile_module(first, (x,))
+            run_second, second_module, _ = self.compile_module(second, (x,))
+            outs = []
+            for _ in range(4):
+                x.copy_(torch.randn(32, 256, device="cuda"))
+                # Interleaved replays of two graphs whose intermediates share
+                # memory: neither may overwrite what the other returned.
+                outs.append((run_first(x), first(x), run_second(x), second(x)))
+            self.assertEqual(first_module.cuda_graph_state(), "ready")
+            self.assertEqual(second_module.cuda_graph_state(), "ready")
+        for actual, expected, actual2, expected2 in outs:
+            self.assertEqual(actual, expected, atol=1e-3, rtol=1e-3)
+            self.assertEqual(actual2, expected2, atol=1e-3, rtol=1e-3)
+        stream = torch.cuda.current_stream().cuda_stream
+        self.assertIn((x.device.index, stream), cuda_graphs._pools)
+
+    def test_attention_without_dropout_is_replayed(self) -> None:
+        def attend(q, k, v):
+            return F.scaled_dot_product_attention(q.relu(), k * 2, v + 1).sin()
+
+        # float16 takes flash attention, float32 the memory-efficient kernel:
+        # both are tagged as seeded (for their dropout) but draw nothing here.
+        for dtype, tol in ((torch.float16, 2e-2), (torch.float32, 1e-3)):
+            torch._dynamo.reset()
+            q, k, v = (
+                torch.randn(2, 4, 128, 64, device="cuda", dtype=dtype) for _ in range(3)
+            )
+            with torch.no_grad():
+                compiled, module, source = self.compile_module(attend, (q, k, v))
+                self.assertIn("cuda_graph_blocker = None", source)
+                for _ in range(3):
+                    q.copy_(torch.randn_like(q))
+                    out = compiled(q, k, v)
+                self.assertEqual(module.cuda_graph_state(), "ready")
+                self.assertEqual(out, attend(q, k, v), atol=tol, rtol=tol)
+
+    def test_attention_with_dropout_is_not_replayed_and_says_why(self) -> None:
+        def attend(q, k, v):
+            return F.scaled_dot_product_attention(q.relu(), k * 2, v + 1, dropout_p=0.5)
+
+        q, k, v = (torch.randn(2, 4, 128, 64, device="cuda") for _ in range(3))
+        with torch.no_grad():
+            _, module, source = self.compile_module(attend, (q, k, v))
+        self.assertNotIn("GraphReplay", source)
+        self.assertIn("cuda_graph_blocker = 'the graph draws random numbers", source)
+        self.assertFalse(hasattr(module, "cuda_graph_state"))
+
     def test_graphs_that_cannot_be_replayed_launch_kernel_by_kernel(self) -> None:
         def mutates(x, y):
             x.add_(1)

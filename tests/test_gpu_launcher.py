@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
+import torch
 from torch._inductor.test_case import TestCase, run_tests
 
 from torch_cppwrap._inductor import codecache
@@ -91,6 +93,50 @@ class TestLauncherText(TestCase):
         short = gpu.LaunchSignature("triton_poi_fused_add_0", ("tensor",))
         with self.assertRaisesRegex(NotImplementedError, "called with 1 arguments"):
             gpu.render_launcher(tuned_kernel("/k.cubin"), short)
+
+
+class TestRandomDraws(TestCase):
+    """Which FX nodes block a replay because they draw random numbers."""
+
+    def node(self, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        return graph.call_function(target, (x, x, x, *args), kwargs)
+
+    def test_attention_without_dropout_draws_nothing(self) -> None:
+        aten = torch.ops.aten
+        for node in (
+            self.node(
+                aten._scaled_dot_product_efficient_attention.default, None, False
+            ),
+            self.node(aten._scaled_dot_product_flash_attention.default, 0.0, True),
+            self.node(
+                aten._scaled_dot_product_cudnn_attention.default,
+                None,
+                False,
+                dropout_p=0.0,
+            ),
+        ):
+            self.assertFalse(gpu._draws_random_numbers(node), node.target)
+
+    def test_attention_with_dropout_and_random_ops_draw(self) -> None:
+        aten = torch.ops.aten
+        graph = torch.fx.Graph()
+        p = graph.placeholder("p")  # a dropout probability only known at run time
+        for node in (
+            self.node(aten._scaled_dot_product_flash_attention.default, 0.1),
+            self.node(
+                aten._scaled_dot_product_efficient_attention.default,
+                None,
+                False,
+                dropout_p=0.5,
+            ),
+            self.node(aten._scaled_dot_product_flash_attention.default, p),
+            self.node(aten.native_dropout.default),
+            self.node(aten.bernoulli.p),
+        ):
+            self.assertTrue(gpu._draws_random_numbers(node), node.target)
+        self.assertFalse(gpu._draws_random_numbers(self.node(aten.add.Tensor)))
 
 
 class TestLauncherCompiles(TestCase):

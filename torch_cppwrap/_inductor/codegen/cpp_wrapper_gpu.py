@@ -45,6 +45,7 @@ from typing import Any
 
 import sympy
 import torch
+from torch._dynamo.utils import counters
 from torch._inductor import config, ir
 from torch._inductor.codegen.common import IndentedBuffer
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SymbolicCallArg
@@ -58,6 +59,9 @@ from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import HOST_READ, CppWrappe
 from torch_cppwrap._inductor.codegen.shim_catalog import shim_function_exists
 
 log = logging.getLogger(__name__)
+# Why a graph is not replayed as one CUDA graph: TORCH_LOGS=perf_hints, as
+# upstream says why it skips its CUDA graphs.
+perf_hint_log = torch._logging.getArtifactLogger(__name__, "perf_hints")
 
 # ----------------------------------------------------------------------
 # C++ spellings for kernel parameters
@@ -215,14 +219,37 @@ def _has_symbols(exprs: Sequence[Any]) -> bool:
     return any(getattr(e, "free_symbols", None) for e in exprs)
 
 
-def _is_random(target: Any) -> bool:
-    """Whether an FX node's target draws random numbers (which a replayed CUDA
-    graph would repeat unless the generator's offsets were advanced)."""
-    tags = getattr(target, "tags", ())
-    if torch.Tag.nondeterministic_seeded in tags:
-        return True
+def _draws_random_numbers(node: torch.fx.Node) -> bool:
+    """Whether an FX node draws random numbers (which a replayed CUDA graph
+    would repeat unless the generator's offsets were advanced)."""
+    target = node.target
     name = str(getattr(target, "__name__", target))
-    return any(word in name for word in ("rand", "seed", "bernoulli", "dropout"))
+    seeded = torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
+    if not seeded and not any(
+        word in name for word in ("rand", "seed", "bernoulli", "dropout")
+    ):
+        return False
+    # Attention kernels are tagged as seeded for their dropout; with none (as
+    # in eval) they draw nothing and capture like any other kernel.
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return True
+    values = {
+        arg.name: arg.default_value
+        for arg in schema.arguments
+        if arg.has_default_value()
+    }
+    values.update(
+        {
+            arg.name: value
+            for arg, value in zip(schema.arguments, node.args, strict=False)
+        }
+    )
+    values.update(node.kwargs)
+    if "dropout_p" not in values:
+        return True
+    dropout = values["dropout_p"]
+    return not (isinstance(dropout, (int, float)) and dropout == 0)
 
 
 # ----------------------------------------------------------------------
@@ -395,7 +422,7 @@ class CppWrapperGpu(CppWrapperCpu):
         if V.graph.mutated_inputs & OrderedSet(self.get_graph_input_names()):
             return "the graph mutates an input"
         for node in V.graph.graph.nodes:
-            if node.op == "call_function" and _is_random(node.target):
+            if node.op == "call_function" and _draws_random_numbers(node):
                 return f"the graph draws random numbers ({node.target})"
         if self.replay_blockers:
             return self.replay_blockers[0]
@@ -418,10 +445,13 @@ class CppWrapperGpu(CppWrapperCpu):
 
     def call_opening(self) -> list[str]:
         if self.cuda_graph_blocker is not None:
-            log.debug(
-                "torch_cppwrap: kernels launched one by one, not as a CUDA graph: %s",
+            perf_hint_log.info(
+                "torch_cppwrap: graph %s launches its kernels one by one, not as "
+                "a CUDA graph: %s",
+                V.graph.graph_id,
                 self.cuda_graph_blocker,
             )
+            counters["inductor"]["cppwrap_cuda_graph_skips"] += 1
             return super().call_opening()
         n_inputs = len(self.get_graph_input_names())
         return [
@@ -454,6 +484,12 @@ class CppWrapperGpu(CppWrapperCpu):
             "",
             'CPPWRAP_CUDA_DEFINE_GRAPH_MODULE("Inductor graph compiled by torch_cppwrap")',
         ]
+
+    def generate_end(self, result: IndentedBuffer) -> None:
+        super().generate_end(result)
+        # Kept in the module, so that a graph loaded from the FX graph cache
+        # still says why it is not replayed.
+        result.writeline(f"cuda_graph_blocker = {self.cuda_graph_blocker!r}")
 
     def write_get_raw_stream(self, device_idx: int, graph_name: str) -> str:
         # Memoised per (device, graph) by PythonWrapperCodegen.__init__.

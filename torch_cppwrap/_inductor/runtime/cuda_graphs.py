@@ -53,6 +53,24 @@ _capture_streams: dict[int, torch.cuda.Stream] = {}
 _capture_lock = threading.Lock()
 
 
+# One memory pool per (device, stream) that graphs are replayed on, shared by
+# every graph captured for it, as cudagraph trees share theirs: N graphs then
+# hold their largest set of intermediates, not the sum of N.  Sharing is safe
+# because a graph keeps nothing in the pool between replays but its outputs
+# (which stay allocated, so no other capture is given them), and graphs of
+# one pool replay on one stream (a replay on any other is refused), so never
+# at the same time.
+_pools: dict[tuple[int, int], Any] = {}
+
+
+def _memory_pool(device: torch.device, stream: torch.cuda.Stream) -> Any:
+    key = (device.index, stream.cuda_stream)
+    pool = _pools.get(key)
+    if pool is None:
+        pool = _pools[key] = torch.cuda.graph_pool_handle()
+    return pool
+
+
 def _capture_stream(device: torch.device) -> torch.cuda.Stream:
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = _capture_streams.get(index)
@@ -158,7 +176,12 @@ def _capture(args: list[Any], first_ptrs: list[int]) -> Capture:
             yield list(graph_inputs)
         side.synchronize()
         # thread_local: other threads keep running kernel by kernel meanwhile.
-        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+        with torch.cuda.graph(
+            graph,
+            pool=_memory_pool(device, stream),
+            stream=side,
+            capture_error_mode="thread_local",
+        ):
             outputs = tuple((yield list(graph_inputs)))
 
     input_storages = {_storage(t) for t in graph_inputs}

@@ -537,6 +537,16 @@ def run_worker(
     modules = new_compiled_modules(before)
     result["graphs"] = len(modules)
     result["wrappers"] = sorted({wrapper_kind(m) for m in modules})
+    # Where the compile's seconds went: dynamo_timed phases, summed.
+    from torch._dynamo.utils import compile_times
+
+    phases = {}
+    for line in str(compile_times(repr="str", aggregate=True)).splitlines():
+        name, _, seconds = line.rpartition(", ")
+        with contextlib.suppress(ValueError):
+            if float(seconds) >= 0.05:
+                phases[name] = float(seconds)
+    result["compile_phases"] = phases
     if perf_hints is not None:
         result["python_wrapper_fallbacks"] = counters["inductor"][
             "cppwrap_python_wrapper_fallback"
@@ -589,6 +599,8 @@ class _PerfHints(logging.Handler):
         torch._logging.set_logs(perf_hints=True)
         for name in ("torch._inductor", "torch_cppwrap"):
             logging.getLogger(name).addHandler(self)
+        # What the code cache built, and in how long.
+        logging.getLogger("torch_cppwrap._inductor.codecache").setLevel(logging.INFO)
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()

@@ -353,7 +353,7 @@ def time_module_call(
 class PeakMemory:
     """Peak memory above a baseline.  CPU: the process's peak RSS (VmHWM,
     reset through /proc/self/clear_refs where Linux allows, else
-    getrusage's maxrss).  CUDA: torch.cuda.max_memory_allocated."""
+    getrusage's maxrss).  CUDA: torch.cuda.max_memory_reserved."""
 
     def __init__(self, device: str) -> None:
         self.device = device
@@ -366,8 +366,10 @@ class PeakMemory:
 
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-            self.base = torch.cuda.memory_allocated() / 2**20
-            self.source = "torch.cuda.max_memory_allocated"
+            # Reserved, not allocated: what CUDA graphs' private pools hold
+            # (Inductor's and ours) is not in the allocated statistics.
+            self.base = torch.cuda.memory_reserved() / 2**20
+            self.source = "torch.cuda.max_memory_reserved"
             return
         try:
             with open("/proc/self/clear_refs", "w") as f:
@@ -385,7 +387,7 @@ class PeakMemory:
             import torch
 
             torch.cuda.synchronize()
-            return torch.cuda.max_memory_allocated() / 2**20 - self.base
+            return torch.cuda.max_memory_reserved() / 2**20 - self.base
         if self.source.startswith("peak RSS (VmHWM)"):
             return _proc_status_mb("VmHWM") - self.base
         return _maxrss_mb() - self.base
@@ -992,7 +994,7 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     meta, records = report["meta"], report["results"]
-    memory = "CUDA max_memory_allocated" if meta["device"] == "cuda" else "peak RSS"
+    memory = "CUDA max_memory_reserved" if meta["device"] == "cuda" else "peak RSS"
     lines = [
         "# torch_cppwrap benchmark",
         "",

@@ -512,6 +512,10 @@ def run_worker(
     )
 
     def step() -> Any:
+        if mode.compile_mode == "reduce-overhead":
+            # A new step: Inductor's CUDA graphs may reuse the last one's
+            # outputs (a training step's backward needs it said).
+            torch.compiler.cudagraph_mark_step_begin()
         out = compiled(*args)
         if spec.train:
             out.backward()
@@ -539,16 +543,6 @@ def run_worker(
     modules = new_compiled_modules(before)
     result["graphs"] = len(modules)
     result["wrappers"] = sorted({wrapper_kind(m) for m in modules})
-    # Where the compile's seconds went: dynamo_timed phases, summed.
-    from torch._dynamo.utils import compile_times
-
-    phases = {}
-    for line in str(compile_times(repr="str", aggregate=True)).splitlines():
-        name, _, seconds = line.rpartition(", ")
-        with contextlib.suppress(ValueError):
-            if float(seconds) >= 0.05:
-                phases[name] = float(seconds)
-    result["compile_phases"] = phases
     if perf_hints is not None:
         result["python_wrapper_fallbacks"] = counters["inductor"][
             "cppwrap_python_wrapper_fallback"
@@ -784,6 +778,8 @@ def run_bench(
     steps = len(workloads) * len(modes) * (1 + rounds)
     step = 0
     lock = threading.Lock()  # the counters, the records and on_record
+    # One prepare at a time: it is told its cache dir through os.environ.
+    preparing = threading.Lock()
     timing = threading.Lock() if jobs > 1 else contextlib.nullcontext()
 
     def run(
@@ -822,8 +818,11 @@ def run_bench(
         try:
             for mode in modes:
                 if MODES[mode].imports_torch_cppwrap:
-                    progress(f"preparing torch_cppwrap's runtime in {mode}'s cache...")
-                    prepare_torch_cppwrap(cache_dirs[mode], device)
+                    with preparing:
+                        progress(
+                            f"preparing torch_cppwrap's runtime in {mode}'s cache..."
+                        )
+                        prepare_torch_cppwrap(cache_dirs[mode], device)
             for mode in modes:
                 cold[mode] = run(workload, mode, "cold", cache_dirs[mode])
             # Timing rounds alternate the order of the modes, so that a slow

@@ -21,7 +21,7 @@ from torch._inductor.test_case import TestCase, run_tests
 from torch._inductor.utils import run_and_get_code
 
 import torch_cppwrap
-from tests.common import CppWrapperTestCase, seed_cache
+from tests.common import CppWrapperTestCase, our_wrappers_created, seed_cache
 from torch_cppwrap._inductor.runtime import cuda_graphs
 
 HAS_CUDA = torch.cuda.is_available()
@@ -364,6 +364,29 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         self.assertNotIn("GraphReplay", source)
         self.assertIn("cuda_graph_blocker = 'the graph draws random numbers", source)
         self.assertFalse(hasattr(module, "cuda_graph_state"))
+
+    def test_training_attention_with_dropout(self) -> None:
+        # Its backward graph gets the forward's RNG state (philox seed and
+        # offset): 0-d CPU tensors where the graph was traced with CUDA ones.
+        def loss(q, k, v):
+            out = F.scaled_dot_product_attention(q, k * 2, v, dropout_p=0.1)
+            return (out * out).sum()
+
+        q, k, v = (
+            torch.randn(2, 4, 128, 64, device="cuda", requires_grad=True)
+            for _ in range(3)
+        )
+        compiled = torch.compile(loss)
+        with (
+            config.patch(cpp_wrapper=True, fx_graph_cache=False),
+            our_wrappers_created() as created,
+        ):
+            for _ in range(2):
+                compiled(q, k, v).backward()
+        self.assertGreaterEqual(len(created), 2)  # forward and backward
+        for t in (q, k, v):
+            self.assertTrue(t.grad.isfinite().all())
+            self.assertGreater(t.grad.abs().sum().item(), 0)
 
     def test_graphs_that_cannot_be_replayed_launch_kernel_by_kernel(self) -> None:
         def mutates(x, y):

@@ -20,3 +20,10 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_TEST_CACHE, "indu
 # (Triton's kernel cache, ~/.triton; anything that honours XDG, ~/.cache).
 os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(_TEST_CACHE, "triton"))
 os.environ.setdefault("XDG_CACHE_HOME", os.path.join(_TEST_CACHE, "xdg-cache"))
+# The runtime extension `python -m torch_cppwrap build` installs is looked for
+# here, not in the package: a developer's installed one does not stand in for
+# the builds the tests check, and the tests install into temporary directories.
+os.environ.setdefault(
+    "TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR",
+    os.path.join(_TEST_CACHE, "installed-runtime"),
+)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -15,6 +17,7 @@ from unittest import mock
 from torch._inductor.test_case import TestCase, run_tests
 
 import torch_cppwrap
+from tests.common import seed_cache
 from torch_cppwrap._inductor import codecache
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,6 +71,66 @@ class TestCommandLine(TestCase):
             self.run_cli("--version").stdout.split()[:2],
             ["torch_cppwrap", torch_cppwrap.__version__],
         )
+
+
+class TestInstalledRuntime(TestCase):
+    """`python -m torch_cppwrap build` installs the runtime extension, and a
+    compile in a new Inductor cache then uses it instead of building one."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        seed_cache()  # this cache holds the suite's runtime extension
+        self.installed = Path(tempfile.mkdtemp(prefix="installed-runtime-"))
+        self.addCleanup(shutil.rmtree, self.installed, ignore_errors=True)
+        self.env = {codecache.INSTALLED_RUNTIME_ENV: str(self.installed)}
+
+    def test_build_installs_this_caches_extension_and_compiles_use_it(self) -> None:
+        env = dict(os.environ, **self.env)
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch_cppwrap", "build"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn("the runtime extension is installed", proc.stderr)
+        # The same key as this cache's: copied, not built again.
+        self.assertNotIn("building the runtime extension", proc.stderr)
+        (installed,) = self.installed.rglob("cppwrap_runtime.so")
+        _, cached = codecache.RuntimeExtension.artefact()
+        self.assertEqual(installed.read_bytes(), cached.read_bytes())
+        with mock.patch.dict(os.environ, self.env):
+            self.assertEqual(codecache.RuntimeExtension.ensure_built(), installed)
+            # One that is damaged is passed over, with a warning naming it.
+            installed.write_bytes(b"not a shared library")
+            with self.assertWarnsRegex(UserWarning, "installed .*cppwrap_runtime.so"):
+                self.assertEqual(codecache.RuntimeExtension.ensure_built(), cached)
+
+    def test_a_compile_in_a_new_cache_loads_the_installed_extension(self) -> None:
+        with mock.patch.dict(os.environ, self.env):
+            installed = codecache.RuntimeExtension.ensure_built(install=True)
+        fresh = tempfile.mkdtemp(prefix="fresh-inductor-cache-")
+        self.addCleanup(shutil.rmtree, fresh, ignore_errors=True)
+        script = (
+            "import torch, torch_cppwrap, sys\n"
+            "torch._inductor.config.cpp_wrapper = True\n"
+            "x = torch.randn(8, 8)\n"
+            "out = torch.compile(lambda x: (x + 1).sum())(x)\n"
+            "assert torch.allclose(out, (x + 1).sum())\n"
+            "print(sys.modules['torch_cppwrap._C'].__file__)\n"
+        )
+        env = dict(os.environ, **self.env, TORCHINDUCTOR_CACHE_DIR=fresh)
+        proc = subprocess.run(
+            [sys.executable, "-c", script],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertEqual(proc.stdout.strip(), str(installed))
+        self.assertNotIn("building the runtime extension", proc.stderr)
 
 
 class TestFirstBuildMessages(TestCase):

@@ -1,5 +1,7 @@
 """``python -m torch_cppwrap demo``: the README's example, its generated C++,
 and its time per call next to Inductor's Python wrapper.
+``python -m torch_cppwrap build``: the runtime extension, built into the
+installation once (see codecache.installed_runtime_dir).
 
 Only the standard library is imported until a command runs, so that
 ``--help`` and ``--version`` answer at once; the package left importing and
@@ -171,7 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
         + ".",
     )
     parser.add_argument("--version", action="version", version=_version_text())
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="{demo,build}"
+    )
+    commands.add_parser(
+        "build",
+        help="build the runtime extension into the installation, so that the "
+        "first compile in a new Inductor cache need not (run after installing "
+        "or upgrading torch)",
+    )
     demo_parser = commands.add_parser(
         "demo",
         help="compile (x + y).sum(), show the generated C++, and time it against "
@@ -204,7 +214,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     # Past --help and --version: what `import torch_cppwrap` does elsewhere.
     torch_cppwrap._patch_if_supported()
+    if ns.command == "build":
+        return build_runtime()
     return demo(ns)
+
+
+def build_runtime() -> int:
+    """Installs the runtime extension for this torch and compiler."""
+    from torch_cppwrap._inductor import codecache
+
+    started = time.perf_counter()
+    try:
+        path = codecache.RuntimeExtension.ensure_built(install=True)
+    except OSError as e:
+        progress(
+            f"error: cannot install the runtime extension into "
+            f"{codecache.installed_runtime_dir()}: {e}. Set "
+            f"{codecache.INSTALLED_RUNTIME_ENV} to a directory you can write, "
+            "here and where torch_cppwrap runs."
+        )
+        return 1
+    progress(
+        f"torch_cppwrap: the runtime extension is installed ({path}, "
+        f"{time.perf_counter() - started:.1f} s)"
+    )
+    return 0
 
 
 if __name__ == "__main__":

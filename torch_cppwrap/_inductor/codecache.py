@@ -117,6 +117,19 @@ def cache_root() -> Path:
     return Path(_compat.inductor_cache_dir()) / "cppwrap"
 
 
+# Where ``python -m torch_cppwrap build`` installs the runtime extension, and
+# where a compile looks for it before Inductor's cache (default: beside the
+# runtime sources, in ``runtime/installed``).
+INSTALLED_RUNTIME_ENV = "TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"
+
+
+def installed_runtime_dir() -> Path:
+    """Where the runtime extension built at install time lives: a build
+    there that matches this torch and compiler spares the first compile in
+    each new Inductor cache the extension's build."""
+    return Path(os.environ.get(INSTALLED_RUNTIME_ENV) or RUNTIME_DIR / "installed")
+
+
 def cache_key(*parts: str) -> str:
     """Inductor's code hash of `parts`, joined as JSON so that no two lists
     of parts join alike."""
@@ -508,8 +521,11 @@ class RuntimeExtension:
         return cls._module
 
     @staticmethod
-    def artefact(build: Build | None = None) -> tuple[str, Path]:
-        """The key and the path of this cache's runtime extension."""
+    def artefact(
+        build: Build | None = None, *, installed: bool = False
+    ) -> tuple[str, Path]:
+        """The key and the path of this cache's runtime extension, or with
+        `installed`, of the one ``python -m torch_cppwrap build`` installs."""
         build = build or toolchain().runtime_extension()
         key = cache_key(
             "runtime",
@@ -518,24 +534,46 @@ class RuntimeExtension:
             _compiler_version(),
             torch.__version__,
         )
-        return key, cache_root() / "runtime" / key / "cppwrap_runtime.so"
+        root = installed_runtime_dir() if installed else cache_root() / "runtime"
+        return key, root / key / "cppwrap_runtime.so"
 
     @classmethod
-    def ensure_built(cls) -> Path:
-        """The path of this cache's runtime extension, built if need be."""
+    def ensure_built(cls, *, install: bool = False) -> Path:
+        """The path of the runtime extension: the installed one where it
+        matches, else this cache's, built if need be.  With `install`, the
+        installed one, built (or copied from this cache) if need be."""
         build = toolchain().runtime_extension()
-        key, target = cls.artefact(build)
+        _, installed = cls.artefact(build, installed=True)
+        if not install:
+            damage = _damage(installed)
+            if damage is None:
+                return installed
+            if damage is not MISSING:
+                warnings.warn(
+                    f"torch_cppwrap: the installed {installed} {damage}; using "
+                    "Inductor's cache instead (`python -m torch_cppwrap build` "
+                    "installs it again)",
+                    stacklevel=2,
+                )
+        key, cached = cls.artefact(build)
+        target = installed if install else cached
+        where = "once per installation" if install else "once per Inductor cache"
 
         def build_runtime(build_dir: Path) -> Path:
+            if install and _damage(cached) is None:
+                # The same key: this cache already holds the very artefact.
+                shutil.copyfile(cached, build_dir / cached.name)
+                return build_dir / cached.name
             shutil.copyfile(RUNTIME_SOURCE, build_dir / RUNTIME_SOURCE.name)
             with _first_use_step(
                 f"building the runtime extension for torch {torch.__version__}",
-                f"once per Inductor cache, into {target.parent}",
+                f"{where}, into {target.parent}",
                 build_dir,
             ):
                 return build.run(build_dir, RUNTIME_SOURCE)
 
-        return ensure_built(target, key, "the runtime extension", build_runtime)
+        lock_key = f"installed-{key}" if install else key
+        return ensure_built(target, lock_key, "the runtime extension", build_runtime)
 
     @classmethod
     def check_matches(cls, runtime_digest: str) -> None:

@@ -74,8 +74,9 @@ class TestCommandLine(TestCase):
 
 
 class TestInstalledRuntime(TestCase):
-    """`python -m torch_cppwrap build` installs the runtime extension, and a
-    compile in a new Inductor cache then uses it instead of building one."""
+    """`python -m torch_cppwrap build` installs the runtime extension and the
+    precompiled headers, and a compile in a new Inductor cache then uses them
+    instead of building its own."""
 
     def setUp(self) -> None:
         super().setUp()
@@ -94,9 +95,10 @@ class TestInstalledRuntime(TestCase):
             timeout=600,
         )
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-        self.assertIn("the runtime extension is installed", proc.stderr)
-        # The same key as this cache's: copied, not built again.
-        self.assertNotIn("building the runtime extension", proc.stderr)
+        self.assertIn("precompiled headers are installed in", proc.stderr)
+        # The same keys as this cache's: copied, not built again.
+        self.assertNotIn("torch_cppwrap: building", proc.stderr)
+        self.assertEqual(len(list(self.installed.rglob("*.gch"))), 2)
         (installed,) = self.installed.rglob("cppwrap_runtime.so")
         _, cached = codecache.RuntimeExtension.artefact()
         self.assertEqual(installed.read_bytes(), cached.read_bytes())
@@ -109,7 +111,8 @@ class TestInstalledRuntime(TestCase):
 
     def test_a_compile_in_a_new_cache_loads_the_installed_extension(self) -> None:
         with mock.patch.dict(os.environ, self.env):
-            installed = codecache.RuntimeExtension.ensure_built(install=True)
+            codecache.prepare_runtime("cpu", install=True)
+            installed = codecache.RuntimeExtension.ensure_built()
         fresh = tempfile.mkdtemp(prefix="fresh-inductor-cache-")
         self.addCleanup(shutil.rmtree, fresh, ignore_errors=True)
         script = (
@@ -130,7 +133,8 @@ class TestInstalledRuntime(TestCase):
         )
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         self.assertEqual(proc.stdout.strip(), str(installed))
-        self.assertNotIn("building the runtime extension", proc.stderr)
+        # Neither the runtime extension nor a precompiled header was built.
+        self.assertNotIn("torch_cppwrap: building", proc.stderr)
 
 
 class TestFirstBuildMessages(TestCase):

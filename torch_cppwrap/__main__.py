@@ -1,7 +1,7 @@
 """``python -m torch_cppwrap demo``: the README's example, its generated C++,
 and its time per call next to Inductor's Python wrapper.
-``python -m torch_cppwrap build``: the runtime extension, built into the
-installation once (see codecache.installed_runtime_dir).
+``python -m torch_cppwrap build``: the runtime extension and precompiled
+headers, built into the installation once (see codecache.installed_runtime_dir).
 
 Only the standard library is imported until a command runs, so that
 ``--help`` and ``--version`` answer at once; the package left importing and
@@ -178,9 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands.add_parser(
         "build",
-        help="build the runtime extension into the installation, so that the "
-        "first compile in a new Inductor cache need not (run after installing "
-        "or upgrading torch)",
+        help="build the runtime extension and precompiled headers into the "
+        "installation, so that the first compile in a new Inductor cache need "
+        "not (run after installing or upgrading torch)",
     )
     demo_parser = commands.add_parser(
         "demo",
@@ -220,12 +220,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_runtime() -> int:
-    """Installs the runtime extension for this torch and compiler."""
+    """Installs the runtime extension and precompiled headers for this torch
+    and compiler (and for CUDA graphs where CUDA is available)."""
+    import torch
+
     from torch_cppwrap._inductor import codecache
 
     started = time.perf_counter()
     try:
-        path = codecache.RuntimeExtension.ensure_built(install=True)
+        for device_type in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+            codecache.prepare_runtime(device_type, install=True)
     except OSError as e:
         progress(
             f"error: cannot install the runtime extension into "
@@ -235,8 +239,9 @@ def build_runtime() -> int:
         )
         return 1
     progress(
-        f"torch_cppwrap: the runtime extension is installed ({path}, "
-        f"{time.perf_counter() - started:.1f} s)"
+        f"torch_cppwrap: the runtime extension and precompiled headers are "
+        f"installed in {codecache.installed_runtime_dir()} "
+        f"({time.perf_counter() - started:.1f} s)"
     )
     return 0
 

@@ -130,6 +130,51 @@ def installed_runtime_dir() -> Path:
     return Path(os.environ.get(INSTALLED_RUNTIME_ENV) or RUNTIME_DIR / "installed")
 
 
+def installed_or_cached(
+    cached: Path,
+    key: str,
+    what: str,
+    build: Callable[[Path, str], Path],
+    *,
+    install: bool = False,
+) -> Path:
+    """An artefact built once per cache (`cached`, under the cache root)
+    that ``python -m torch_cppwrap build`` may also have installed, at the
+    same place under `installed_runtime_dir()`.
+
+    The installed one is used when it is there and intact (one that is
+    damaged is passed over, with a warning); otherwise the cache's, built by
+    `build(build_dir, where)` if need be.  With `install`, the installed one
+    is made: copied from the cache when it holds the artefact (the same key,
+    the same bytes), else built."""
+    installed = installed_runtime_dir() / cached.relative_to(cache_root())
+    if not install:
+        damage = _damage(installed)
+        if damage is None:
+            return installed
+        if damage is not MISSING:
+            warnings.warn(
+                f"torch_cppwrap: the installed {installed} {damage}; using "
+                "Inductor's cache instead (`python -m torch_cppwrap build` "
+                "installs it again)",
+                stacklevel=3,
+            )
+        return ensure_built(
+            cached,
+            key,
+            what,
+            lambda build_dir: build(build_dir, "once per Inductor cache"),
+        )
+
+    def build_or_copy(build_dir: Path) -> Path:
+        if _damage(cached) is None:
+            shutil.copyfile(cached, build_dir / cached.name)
+            return build_dir / cached.name
+        return build(build_dir, "once per installation")
+
+    return ensure_built(installed, f"installed-{key}", what, build_or_copy)
+
+
 def cache_key(*parts: str) -> str:
     """Inductor's code hash of `parts`, joined as JSON so that no two lists
     of parts join alike."""
@@ -521,11 +566,8 @@ class RuntimeExtension:
         return cls._module
 
     @staticmethod
-    def artefact(
-        build: Build | None = None, *, installed: bool = False
-    ) -> tuple[str, Path]:
-        """The key and the path of this cache's runtime extension, or with
-        `installed`, of the one ``python -m torch_cppwrap build`` installs."""
+    def artefact(build: Build | None = None) -> tuple[str, Path]:
+        """The key and the path of this cache's runtime extension."""
         build = build or toolchain().runtime_extension()
         key = cache_key(
             "runtime",
@@ -534,46 +576,27 @@ class RuntimeExtension:
             _compiler_version(),
             torch.__version__,
         )
-        root = installed_runtime_dir() if installed else cache_root() / "runtime"
-        return key, root / key / "cppwrap_runtime.so"
+        return key, cache_root() / "runtime" / key / "cppwrap_runtime.so"
 
     @classmethod
     def ensure_built(cls, *, install: bool = False) -> Path:
-        """The path of the runtime extension: the installed one where it
-        matches, else this cache's, built if need be.  With `install`, the
-        installed one, built (or copied from this cache) if need be."""
+        """The path of the runtime extension, built if need be: the installed
+        one where it matches, else this cache's (see `installed_or_cached`)."""
         build = toolchain().runtime_extension()
-        _, installed = cls.artefact(build, installed=True)
-        if not install:
-            damage = _damage(installed)
-            if damage is None:
-                return installed
-            if damage is not MISSING:
-                warnings.warn(
-                    f"torch_cppwrap: the installed {installed} {damage}; using "
-                    "Inductor's cache instead (`python -m torch_cppwrap build` "
-                    "installs it again)",
-                    stacklevel=2,
-                )
         key, cached = cls.artefact(build)
-        target = installed if install else cached
-        where = "once per installation" if install else "once per Inductor cache"
 
-        def build_runtime(build_dir: Path) -> Path:
-            if install and _damage(cached) is None:
-                # The same key: this cache already holds the very artefact.
-                shutil.copyfile(cached, build_dir / cached.name)
-                return build_dir / cached.name
+        def build_runtime(build_dir: Path, where: str) -> Path:
             shutil.copyfile(RUNTIME_SOURCE, build_dir / RUNTIME_SOURCE.name)
             with _first_use_step(
                 f"building the runtime extension for torch {torch.__version__}",
-                f"{where}, into {target.parent}",
+                f"{where}, into {build_dir.parent}",
                 build_dir,
             ):
                 return build.run(build_dir, RUNTIME_SOURCE)
 
-        lock_key = f"installed-{key}" if install else key
-        return ensure_built(target, lock_key, "the runtime extension", build_runtime)
+        return installed_or_cached(
+            cached, key, "the runtime extension", build_runtime, install=install
+        )
 
     @classmethod
     def check_matches(cls, runtime_digest: str) -> None:
@@ -601,7 +624,7 @@ class RuntimeExtension:
 
 
 def precompiled_header_dir(
-    header: Path, include_name: str, build: Build, digest: str
+    header: Path, include_name: str, build: Build, digest: str, *, install: bool = False
 ) -> Path | None:
     """A directory holding `include_name`.gch: `header` precompiled by
     `build` (a precompiling build named after the header), once per cache.
@@ -615,20 +638,18 @@ def precompiled_header_dir(
     key = cache_key(
         "pch", digest, build.fingerprint(), _compiler_version(), torch.__version__
     )
-    pch_root = cache_root() / "pch" / key
-    target = pch_root / f"{include_name}.gch"
     what = f"the precompiled {Path(include_name).name}"
 
-    def build_header(build_dir: Path) -> Path:
+    def build_header(build_dir: Path, where: str) -> Path:
         shutil.copyfile(header, build_dir / build.sources[0])
-        with _first_use_step(f"building {what}", "once per Inductor cache", build_dir):
+        with _first_use_step(f"building {what}", where, build_dir):
             return build.run(build_dir, header)
 
-    ensure_built(target, key, what, build_header)
-    return pch_root
+    cached = cache_root() / "pch" / key / f"{include_name}.gch"
+    return installed_or_cached(cached, key, what, build_header, install=install).parent
 
 
-def kernel_prefix_pch(tc: _Toolchain) -> Path | None:
+def kernel_prefix_pch(tc: _Toolchain, *, install: bool = False) -> Path | None:
     """cpp_prefix.h, which heads every kernel translation unit."""
     header = Path(torch.__file__).resolve().parent / "include" / CPP_PREFIX_INCLUDE
     return precompiled_header_dir(
@@ -636,10 +657,13 @@ def kernel_prefix_pch(tc: _Toolchain) -> Path | None:
         CPP_PREFIX_INCLUDE,
         tc.kernel_compile(header.name, precompiling=True),
         cache_key(header.read_text()),
+        install=install,
     )
 
 
-def wrapper_runtime_pch(tc: _Toolchain, device_type: str) -> Path | None:
+def wrapper_runtime_pch(
+    tc: _Toolchain, device_type: str, *, install: bool = False
+) -> Path | None:
     """cppwrap_runtime.h (with Python.h and the C shim), which heads every
     wrapper translation unit: nearly all of its compile time."""
     return precompiled_header_dir(
@@ -647,6 +671,7 @@ def wrapper_runtime_pch(tc: _Toolchain, device_type: str) -> Path | None:
         "cppwrap_runtime.h",
         tc.wrapper_compile(device_type, "cppwrap_runtime.h", precompiling=True),
         _runtime_sources_digest(),
+        install=install,
     )
 
 
@@ -657,15 +682,15 @@ def _is_gcc() -> bool:
         return False
 
 
-def prepare_runtime(device_type: str = "cpu") -> None:
+def prepare_runtime(device_type: str = "cpu", *, install: bool = False) -> None:
     """Builds what torch_cppwrap builds once per Inductor cache (the runtime
     extension and the precompiled headers), so that no graph's first compile
-    pays for it."""
+    pays for it; with `install`, into the installation instead."""
     tc = toolchain()
-    with _alongside(RuntimeExtension.ensure_built):
-        wrapper_runtime_pch(tc, device_type)
+    with _alongside(functools.partial(RuntimeExtension.ensure_built, install=install)):
+        wrapper_runtime_pch(tc, device_type, install=install)
         if device_type == "cpu":
-            kernel_prefix_pch(tc)
+            kernel_prefix_pch(tc, install=install)
 
 
 _prefetch_lock = threading.Lock()
@@ -692,6 +717,12 @@ def prefetch(device_type: str) -> None:
         (wrapper_runtime_pch, (tc, device_type)),
     ]
     if device_type == "cpu":
+        # Picked here, in the compiling thread, before a build thread reads
+        # it: Inductor's first look at each vector ISA probes it, and a probe
+        # adds -mavx512bf16 to the ISA's flags for a moment.  Two threads
+        # probing at once can leave it there, and the kernels' flags, so the
+        # precompiled cpp_prefix.h's key, would then change mid-compile.
+        _ = tc.vec_isa
         builds.append((kernel_prefix_pch, (tc,)))
     for work, args in builds:
         # Daemon threads: a process that ends meanwhile does not wait for

@@ -200,6 +200,58 @@ class TestReport(TestCase):
         self.assertIn("| seed | upstream | yes | 1.00 | 1.00 | 3.0 | 2.0 |", text)
         self.assertIn("- rounds: 1 (warm processes per mode", text)
 
+    def test_jobs_overlap_cold_compiles_but_time_one_at_a_time(self) -> None:
+        import threading
+        import time
+        from unittest import mock
+
+        lock = threading.Lock()
+        running = {"cold": 0, "warm": 0}
+        most = {"cold": 0, "warm": 0}
+
+        def worker(workload, mode, phase, **kwargs):
+            with lock:
+                running[phase] += 1
+                most[phase] = max(most[phase], running[phase])
+            time.sleep(0.2)
+            with lock:
+                running[phase] -= 1
+            return {"compile_s": 1.0, "ok": True, "e2e_us": 3.0, "call_us": 2.0}
+
+        with (
+            mock.patch.object(_bench, "spawn_worker", worker),
+            mock.patch.object(_bench, "progress"),
+        ):
+            report = _bench.run_bench(
+                ["seed", "mlp", "convnet"],
+                ["python", "upstream"],
+                device="cpu",
+                quick=True,
+                timeout_s=1.0,
+                jobs=3,
+            )
+        self.assertEqual(most["warm"], 1)
+        self.assertGreater(most["cold"], 1)
+        # The rows keep the order the workloads were asked for in.
+        self.assertEqual(
+            [r["workload"] for r in report["results"]],
+            ["seed", "seed", "mlp", "mlp", "convnet", "convnet"],
+        )
+
+
+class TestModels(TestCase):
+    def test_models_are_asked_for_by_name_and_run_as_described(self) -> None:
+        self.assertEqual(set(_bench.REAL_MODELS) & set(_bench.DEFAULT_WORKLOADS), set())
+        specs = _bench.WORKLOADS
+        self.assertTrue(specs["gpt2_train_step"].train)
+        self.assertTrue(specs["gpt2_dynamic"].dynamic)
+        for name in ("resnet18", "vit_tiny", "gpt2", "bert", "t5"):
+            self.assertIn(name, _bench.REAL_MODELS)
+        # Kernel by kernel is ours with replay switched off in the worker.
+        mode = _bench.MODES["cppwrap-no-replay"]
+        self.assertTrue(mode.imports_torch_cppwrap and mode.cuda_only)
+        self.assertIn(("TORCH_CPPWRAP_CUDA_GRAPHS", "0"), mode.environ)
+
 
 if __name__ == "__main__":
     run_tests()

@@ -25,9 +25,10 @@ namespace cuda {
 //
 //   1st call  runs the kernels one by one and notes each input's address;
 //   2nd call  captures the graph: torch_cppwrap._inductor.runtime.cuda_graphs
-//             .capture sets up torch's side (torch.cuda.graph: private memory
-//             pool, side stream) and this class runs the kernels under it, a
-//             warm-up run and the captured one, and installs the graph;
+//             .capture sets up torch's side (torch.cuda.graph: the stream's
+//             memory pool, a side stream) and this class runs the kernels
+//             under it, a warm-up run and the captured one, and installs the
+//             graph;
 //   then      each call replays it if every input that kept its address on
 //             the 2nd call still has it.  The others are copied into buffers
 //             the graph owns; the outputs are copied out of the graph's pool
@@ -104,9 +105,10 @@ class GraphReplay {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       state_.store(kCapturing, std::memory_order_release);
-      // On a recapture the old graph goes first: its memory pool is freed for
-      // the new capture instead of being held beside it (twice the memory at
-      // the peak).  No replay can start now that the state is not kReady.
+      // On a recapture the old graph goes first: what it holds in the
+      // stream's memory pool is freed for the new capture instead of being
+      // held beside it (twice the memory at the peak).  No replay can start
+      // now that the state is not kReady.
       for (Input& in : inputs_) {
         in.buffer.reset();
       }

@@ -15,6 +15,7 @@ from unittest import mock
 
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 from torch._inductor import config
 from torch._inductor.codecache import PyCodeCache
 from torch._inductor.test_case import TestCase, run_tests
@@ -359,8 +360,10 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             return F.scaled_dot_product_attention(q.relu(), k * 2, v + 1, dropout_p=0.5)
 
         q, k, v = (torch.randn(2, 4, 128, 64, device="cuda") for _ in range(3))
+        counters.clear()
         with torch.no_grad():
             _, module, source = self.compile_module(attend, (q, k, v))
+        self.assertGreaterEqual(counters["inductor"]["cppwrap_cuda_graph_skips"], 1)
         self.assertNotIn("GraphReplay", source)
         self.assertIn("cuda_graph_blocker = 'the graph draws random numbers", source)
         self.assertFalse(hasattr(module, "cuda_graph_state"))

@@ -672,10 +672,12 @@ def spawn_worker(
     cache_dir: str,
     timeout_s: float,
     threads: int | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     env = dict(
         os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHINDUCTOR_FX_GRAPH_CACHE="1"
     )
+    env.update(extra_env or {})
     # The cppwrap mode imports the torch_cppwrap of this checkout, installed
     # or not.
     package_root = str(Path(__file__).resolve().parent.parent)
@@ -707,21 +709,21 @@ def spawn_worker(
     }
 
 
-def prepare_torch_cppwrap(cache_dir: str | None = None, device: str = "cpu") -> None:
-    """Builds torch_cppwrap's runtime extension and precompiled headers into
-    Inductor's cache `cache_dir` (default: the current one) now, so that they
-    are not billed to the first cold compile there, as upstream's precompiled
+def prepare_torch_cppwrap(installed_dir: str, device: str = "cpu") -> None:
+    """Installs torch_cppwrap's runtime extension and precompiled headers
+    into `installed_dir`, as ``python -m torch_cppwrap build`` does, so that
+    no mode's first cold compile pays for them: upstream's precompiled
     headers, kept in Inductor's default cache directory whatever
-    TORCHINDUCTOR_CACHE_DIR says, are not billed to its."""
+    TORCHINDUCTOR_CACHE_DIR says, are not billed to its either."""
     try:
         import torch_cppwrap  # noqa: F401
         from torch_cppwrap._inductor import codecache
     except ImportError as e:  # pragma: no cover - broken install
         progress(f"note: could not prepare torch_cppwrap's runtime ({e})")
         return
-    env = {"TORCHINDUCTOR_CACHE_DIR": cache_dir} if cache_dir else {}
+    env = {codecache.INSTALLED_RUNTIME_ENV: installed_dir}
     with mock.patch.dict(os.environ, env):
-        codecache.prepare_runtime(device)
+        codecache.prepare_runtime(device, install=True)
 
 
 def _merge(
@@ -778,8 +780,6 @@ def run_bench(
     steps = len(workloads) * len(modes) * (1 + rounds)
     step = 0
     lock = threading.Lock()  # the counters, the records and on_record
-    # One prepare at a time: it is told its cache dir through os.environ.
-    preparing = threading.Lock()
     timing = threading.Lock() if jobs > 1 else contextlib.nullcontext()
 
     def run(
@@ -801,6 +801,7 @@ def run_bench(
             cache_dir=cache_dir,
             timeout_s=timeout_s,
             threads=threads,
+            extra_env=extra_env,
         )
         progress(f"    {workload} / {mode} {phase}: " + _summary(r))
         return r
@@ -816,13 +817,6 @@ def run_bench(
         cold: dict[str, dict[str, Any]] = {}
         warm: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         try:
-            for mode in modes:
-                if MODES[mode].imports_torch_cppwrap:
-                    with preparing:
-                        progress(
-                            f"preparing torch_cppwrap's runtime in {mode}'s cache..."
-                        )
-                        prepare_torch_cppwrap(cache_dirs[mode], device)
             for mode in modes:
                 cold[mode] = run(workload, mode, "cold", cache_dirs[mode])
             # Timing rounds alternate the order of the modes, so that a slow
@@ -851,13 +845,24 @@ def run_bench(
             for cache_dir in cache_dirs.values():
                 shutil.rmtree(cache_dir, ignore_errors=True)
 
-    if jobs > 1:
-        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            for future in [pool.submit(bench_workload, w) for w in workloads]:
-                future.result()
-    else:
-        for workload in workloads:
-            bench_workload(workload)
+    extra_env: dict[str, str] = {}
+    installed = None
+    if any(MODES[mode].imports_torch_cppwrap for mode in modes):
+        installed = tempfile.mkdtemp(prefix="cppwrap-bench-installed-")
+        progress("installing torch_cppwrap's runtime for this run...")
+        prepare_torch_cppwrap(installed, device)
+        extra_env["TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"] = installed
+    try:
+        if jobs > 1:
+            with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+                for future in [pool.submit(bench_workload, w) for w in workloads]:
+                    future.result()
+        else:
+            for workload in workloads:
+                bench_workload(workload)
+    finally:
+        if installed is not None:
+            shutil.rmtree(installed, ignore_errors=True)
     return _report(device, quick, workloads, modes, records_so_far())
 
 
@@ -1040,8 +1045,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "- modes: " + "; ".join(f"`{k}` = {v}" for k, v in meta["modes"].items()) + ".",
         "- cold compile: the first call in a fresh process with an empty TORCHINDUCTOR_CACHE_DIR "
-        "(torch_cppwrap's runtime extension and precompiled headers are built into it "
-        "beforehand, as upstream keeps its precompiled headers in Inductor's default cache "
+        "(torch_cppwrap's runtime extension and precompiled headers are installed "
+        "beforehand, as `python -m torch_cppwrap build` does, into a directory of the run's; "
+        "upstream keeps its precompiled headers in Inductor's default cache "
         "directory; every mode probes the vector ISA in its fresh cache, as Inductor does); "
         "warm compile: the "
         "same in another fresh process on that cache (FX graph cache hit).",

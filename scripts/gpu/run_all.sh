@@ -11,7 +11,9 @@
 # "dist-bench" need two GPUs: tests/test_distributed.py on NCCL and
 # benchmarks/bench_tp.py), TEST_TIMEOUT, TEST_WORKERS, PROFILE_TIMEOUT,
 # PROFILE_ARGS, BENCH_TIMEOUT, BENCH_ARGS (passed to the bench, e.g.
-# --workloads seed --quick), DIST_TEST_TIMEOUT, DIST_BENCH_TIMEOUT,
+# --workloads seed --quick; the real-model table: --workloads models --modes
+# python,upstream,cppwrap,cppwrap-no-replay,reduce-overhead --jobs 8 --quick
+# --rounds 1), DIST_TEST_TIMEOUT, DIST_BENCH_TIMEOUT,
 # DIST_BENCH_ARGS (passed to bench_tp.py, e.g. --blocks 4).
 set -u -o pipefail
 cd "$(dirname "$0")/../.."

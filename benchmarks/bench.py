@@ -722,8 +722,14 @@ def prepare_torch_cppwrap(installed_dir: str, device: str = "cpu") -> None:
         progress(f"note: could not prepare torch_cppwrap's runtime ({e})")
         return
     env = {codecache.INSTALLED_RUNTIME_ENV: installed_dir}
-    with mock.patch.dict(os.environ, env):
-        codecache.prepare_runtime(device, install=True)
+    try:
+        with mock.patch.dict(os.environ, env):
+            codecache.prepare_runtime(device, install=True)
+    except Exception as e:  # the workers then build it into their caches
+        progress(
+            f"note: could not install torch_cppwrap's runtime ({type(e).__name__}: "
+            f"{e}); each cold compile of ours includes building it"
+        )
 
 
 def _merge(

@@ -50,6 +50,7 @@ from torch._inductor import config, ir
 from torch._inductor.codegen.common import IndentedBuffer
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SymbolicCallArg
 from torch._inductor.virtualized import V
+from torch.fx.operator_schemas import normalize_function
 from torch.utils._ordered_set import OrderedSet
 
 from torch_cppwrap import _compat
@@ -231,24 +232,14 @@ def _draws_random_numbers(node: torch.fx.Node) -> bool:
         return False
     # Attention kernels are tagged as seeded for their dropout; with none (as
     # in eval) they draw nothing and capture like any other kernel.
-    schema = getattr(target, "_schema", None)
-    if schema is None:
+    if not callable(target):
         return True
-    values = {
-        arg.name: arg.default_value
-        for arg in schema.arguments
-        if arg.has_default_value()
-    }
-    values.update(
-        {
-            arg.name: value
-            for arg, value in zip(schema.arguments, node.args, strict=False)
-        }
+    normalized = normalize_function(
+        target, node.args, node.kwargs, normalize_to_only_use_kwargs=True
     )
-    values.update(node.kwargs)
-    if "dropout_p" not in values:
+    if normalized is None or "dropout_p" not in normalized.kwargs:
         return True
-    dropout = values["dropout_p"]
+    dropout = normalized.kwargs["dropout_p"]
     return not (isinstance(dropout, (int, float)) and dropout == 0)
 
 

@@ -316,11 +316,10 @@ int check_input(
     const bool indexed = expected_type != c10::DeviceType::CPU;
     // A 0-d CPU tensor may stand where a device tensor was traced: ATen ops
     // take CPU scalars beside device tensors, and attention's saved RNG state
-    // (philox seed and offset) is one whatever its fake tensor said.
-    const bool cpu_scalar = actual.is_cpu() && t.dim() == 0;
-    if ((actual.type() != expected_type && !cpu_scalar) ||
-        (indexed && actual.type() == expected_type && actual.has_index() &&
-         actual.index() != device_index)) {
+    // (philox seed and offset) is one whatever its fake tensor said.  (A CPU
+    // tensor has no index, so the second test passes it too.)
+    if ((actual.type() != expected_type && !(actual.is_cpu() && t.dim() == 0)) ||
+        (indexed && actual.has_index() && actual.index() != device_index)) {
       const c10::Device expected(
           expected_type, indexed ? static_cast<c10::DeviceIndex>(device_index) : -1);
       return fail(

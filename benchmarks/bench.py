@@ -199,7 +199,10 @@ def _model(
 
 def _real(name: str) -> Callable[[str], tuple[Callable[..., Any], tuple[Any, ...]]]:
     def build(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        # benchmarks/models.py, beside this script (the worker runs one build).
+        here = str(Path(__file__).resolve().parent)
+        if here not in sys.path:
+            sys.path.insert(0, here)
         import models
 
         return getattr(models, name)(device)

@@ -1,106 +1,307 @@
 """Where one call's time goes on the GPU, for each wrapper side by side.
 
-For every mode, in its own process (torch_cppwrap patches Inductor on import):
-end to end per call without and with a synchronise after each call, the
-compiled module's `call` alone, the GPU's busy time per call (kernel time
-from the profiler), and the profiler's CPU table.  torch_cppwrap's generated
-C++ is written next to the tables.
+For every mode (benchmarks/bench.py's MODES: python, upstream, cppwrap,
+cppwrap-no-replay, reduce-overhead), in its own process (torch_cppwrap
+patches Inductor on import), with the workloads of bench.py's WORKLOADS built
+and run as bench.py's worker does (a training step under grad, with its
+backward; the rest under no_grad):
 
-    python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] [--modes cppwrap,upstream,python]
+- e2e_us, e2e_sync_each_us: end to end per call, without and with a
+  synchronise after each call;
+- call_us: the compiled modules' `call` alone (not for reduce-overhead, whose
+  CUDA graphs are not what `call` runs);
+- host_us (call_host_us for `call` alone): the host time of one call issued
+  on an idle GPU (synchronise, then time the call; the median of 200).  The
+  GPU then has nothing queued, so no launch waits on a full launch queue and
+  the time is what the wrapper costs the host, not what the GPU does;
+- kernels_per_call: GPU activities per call in the profiler (kernels, with
+  the few memcpys and memsets, each one launch from the host;
+  memcpy_memset_per_call says how many of them these are), and
+  launch_api_calls_per_call: CPU-side launch calls per call
+  (cudaLaunchKernel, cuLaunchKernel(Ex), cudaGraphLaunch...; one graph
+  launch runs many kernels);
+- host_us_per_launch: host_us / kernels_per_call, the host's cost per kernel
+  launched: what torch_cppwrap's C++ wrapper, run kernel by kernel
+  (cppwrap-no-replay), should cut to a third of the Python wrapper's;
+- gpu_kernel_us: the GPU's busy time per call (kernel time from the
+  profiler), and the profiler's CPU table.
+
+torch_cppwrap's generated C++ is written next to the tables; profile.json
+holds the records and profile.md a table of them (both rewritten after each
+record).
+
+    python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
+        [--modes cppwrap,upstream,python] [--timeout 240]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.util
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+HOST_REPEATS = 200
+PROFILED_CALLS = 50
+TABLE_COLUMNS = (
+    ("workload", "workload"),
+    ("mode", "mode"),
+    ("e2e_us", "e2e µs"),
+    ("e2e_sync_each_us", "e2e sync-each µs"),
+    ("host_us", "host µs per call"),
+    ("kernels_per_call", "kernels per call"),
+    ("host_us_per_launch", "host µs per kernel"),
+    ("gpu_kernel_us", "GPU kernel µs per call"),
+)
 
 
-def child(workload: str, mode: str, out: Path) -> dict[str, Any]:
-    if mode == "cppwrap":
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def load_bench() -> ModuleType:
+    """benchmarks/bench.py, as a file: importing the package would patch
+    Inductor in every mode.  It imports nothing but the standard library at
+    the top, so loading it imports neither torch nor torch_cppwrap."""
+    if "cppwrap_bench" in sys.modules:
+        return sys.modules["cppwrap_bench"]
+    spec = importlib.util.spec_from_file_location(
+        "cppwrap_bench", ROOT / "benchmarks" / "bench.py"
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def host_time_us(f: Callable[[], Any], sync: Callable[[], None]) -> float:
+    """Median host time of one call of `f` issued on an idle GPU, in µs."""
+    times = []
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(HOST_REPEATS):
+            sync()
+            t0 = time.perf_counter()
+            f()
+            t1 = time.perf_counter()
+            times.append((t1 - t0) * 1e6)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    sync()
+    return statistics.median(times)
+
+
+def child(workload: str, mode_name: str, out: Path) -> dict[str, Any]:
+    bench = load_bench()
+    mode, spec = bench.MODES[mode_name], bench.WORKLOADS[workload]
+    if mode.imports_torch_cppwrap:
         import torch_cppwrap  # noqa: F401
-    import importlib.util
+    elif "torch_cppwrap" in sys.modules:
+        raise RuntimeError(f"mode {mode_name!r} must run without torch_cppwrap")
 
     import torch
     from torch._inductor import config
     from torch.profiler import ProfilerActivity, profile
 
-    # As a file: importing the package would patch Inductor in every mode.
-    spec = importlib.util.spec_from_file_location(
-        "cppwrap_bench", ROOT / "benchmarks" / "bench.py"
-    )
-    assert spec is not None and spec.loader is not None
-    _bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = _bench  # dataclasses look their module up
-    spec.loader.exec_module(_bench)
-
-    config.cpp_wrapper = mode in ("cppwrap", "upstream")
+    config.cpp_wrapper = mode.cpp_wrapper
     sync = torch.cuda.synchronize
     torch.manual_seed(0)
-    fn, args = _bench.WORKLOADS[workload].build("cuda")
-    before = _bench.loaded_module_count()
-    compiled = torch.compile(fn)
+    fn, args = spec.build("cuda")
+    before = bench.loaded_module_count()
+    compiled = torch.compile(
+        fn, mode=mode.compile_mode, dynamic=True if spec.dynamic else None
+    )
+    mark_step = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
+    if mode.compile_mode != "reduce-overhead":
+        mark_step = None
+
+    def step() -> None:
+        # As bench.py's worker: a new step for Inductor's CUDA graphs, and a
+        # training step's backward.
+        if mark_step is not None:
+            mark_step()
+        result = compiled(*args)
+        if spec.train:
+            result.backward()
+
     record: dict[str, Any] = {
         "workload": workload,
-        "mode": mode,
+        "mode": mode_name,
+        "torch": torch.__version__,
         "torch_cppwrap_imported": "torch_cppwrap" in sys.modules,
+        "cuda_graphs_env": os.environ.get("TORCH_CPPWRAP_CUDA_GRAPHS"),
+        "train": spec.train,
     }
-    with torch.no_grad():
-        compiled(*args)
+    # Inference under no_grad; a training step needs grad for its backward.
+    grad_mode = torch.enable_grad if spec.train else torch.no_grad
+    with grad_mode():
+        step()
         sync()
-        modules = _bench.new_compiled_modules(before)
-        record["wrappers"] = sorted({_bench.wrapper_kind(m) for m in modules})
+        modules = bench.new_compiled_modules(before)
+        record["graphs"] = len(modules)
+        record["wrappers"] = sorted({bench.wrapper_kind(m) for m in modules})
         for _ in range(3):  # past the CUDA graph capture, where there is one
-            compiled(*args)
+            step()
+        sync()
         record["cuda_graph_states"] = [
             m._module.cuda_graph_state()
             for m in modules
             if hasattr(getattr(m, "_module", None), "cuda_graph_state")
         ]
 
-        def timed(f: Any, per_call_sync: bool) -> float:
+        def timed(f: Callable[[], Any], per_call_sync: bool) -> float:
             def once() -> None:
                 f()
                 if per_call_sync:
                     sync()
 
-            t = _bench.time_per_call(once, repeats=5, target_s=0.3, sync=sync)
+            t = bench.time_per_call(once, repeats=5, target_s=0.3, sync=sync)
             return t.median_us
 
-        record["e2e_us"] = timed(lambda: compiled(*args), False)
-        record["e2e_sync_each_us"] = timed(lambda: compiled(*args), True)
-        call_args = [m.get_args() for m in modules if hasattr(m, "get_args")]
-        if len(call_args) == len(modules):
-            record["call_us"] = sum(
-                timed(lambda m=m, a=a: m.call(list(a)), False)
-                for m, a in zip(modules, call_args, strict=True)
-            )
-        calls = 50
+        record["e2e_us"] = timed(step, False)
+        record["e2e_sync_each_us"] = timed(step, True)
+        record["host_us"] = host_time_us(step, sync)
+        # CUDA graphs replay the whole graph; its module's `call` alone is not
+        # what runs, so there is nothing honest to time (as in bench.py).
+        if mode.compile_mode != "reduce-overhead" and modules:
+            calls = [
+                bench.time_module_call(m, repeats=5, target_s=0.3, sync=sync)
+                for m in modules
+            ]
+            if all(c is not None for c in calls):
+                record["call_us"] = sum(c.median_us for c in calls)
+                # time_module_call has lent get_args `torch` where it lacked it.
+                call_host_us = 0.0
+                for m in modules:
+                    call_args = m.get_args()
+                    call_host_us += host_time_us(
+                        lambda m=m, a=call_args: m.call(list(a)), sync
+                    )
+                record["call_host_us"] = call_host_us
+
+        sync()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                compiled(*args)
+            for _ in range(PROFILED_CALLS):
+                step()
             sync()
-        events = prof.key_averages()
-        kernel_us = sum(
-            getattr(e, "self_device_time_total", 0)
-            for e in events
-            if str(getattr(e, "device_type", "")).endswith("CUDA")
+    events = prof.key_averages()
+    on_gpu, on_cpu = [], []
+    for e in events:
+        is_gpu = str(getattr(e, "device_type", "")).endswith("CUDA")
+        (on_gpu if is_gpu else on_cpu).append(e)
+    record["gpu_kernel_us"] = (
+        sum(getattr(e, "self_device_time_total", 0) for e in on_gpu) / PROFILED_CALLS
+    )
+    kernels = sum(e.count for e in on_gpu) / PROFILED_CALLS
+    record["kernels_per_call"] = kernels
+    record["memcpy_memset_per_call"] = (
+        sum(e.count for e in on_gpu if e.key.startswith(("Memcpy", "Memset")))
+        / PROFILED_CALLS
+    )
+    record["launch_api_calls_per_call"] = (
+        sum(
+            e.count for e in on_cpu if "LaunchKernel" in e.key or "GraphLaunch" in e.key
         )
-        record["gpu_kernel_us"] = kernel_us / calls
-        table = events.table(sort_by="self_cpu_time_total", row_limit=40)
-        (out / f"profile_{workload}_{mode}.txt").write_text(table)
+        / PROFILED_CALLS
+    )
+    record["host_us_per_launch"] = record["host_us"] / kernels if kernels else None
+    table = events.table(sort_by="self_cpu_time_total", row_limit=40)
+    (out / f"profile_{workload}_{mode_name}.txt").write_text(table)
     for m in modules:
         src = getattr(m, "wrapper_src", None) or getattr(m, "cpp_wrapper_src", None)
         if src:
-            (out / f"wrapper_{workload}_{mode}.cpp").write_text(src)
+            (out / f"wrapper_{workload}_{mode_name}.cpp").write_text(src)
     return record
+
+
+def _text(output: bytes | str | None) -> str:
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""
+
+
+def run_child(
+    workload: str, mode: str, out: Path, timeout_s: float, extra_env: dict[str, str]
+) -> dict[str, Any]:
+    cache_dir = tempfile.mkdtemp(prefix="profile-call-inductor-")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, **extra_env)
+    # The torch_cppwrap of this checkout, installed or not.
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, (str(ROOT), env.get("PYTHONPATH")))
+    )
+    env.update(load_bench().MODES[mode].environ)  # TORCH_CPPWRAP_CUDA_GRAPHS=0
+    cmd = [sys.executable, __file__, "--out", str(out), "--child", workload, mode]
+    error: dict[str, Any] = {"workload": workload, "mode": mode}
+    try:
+        proc = subprocess.run(
+            cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired as e:
+        error["error"] = (
+            f"timed out after {timeout_s:.0f} s: " + _text(e.stderr)[-3000:]
+        )
+        return error
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    if lines:
+        return json.loads(lines[-1][len("RESULT ") :])
+    error["error"] = f"exit status {proc.returncode}: " + proc.stderr[-3000:]
+    return error
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.2f}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)
+
+
+def markdown(records: list[dict[str, Any]]) -> str:
+    lines = [
+        "| " + " | ".join(title for _, title in TABLE_COLUMNS) + " |",
+        "| --- | --- |" + " --: |" * (len(TABLE_COLUMNS) - 2),
+    ]
+    lines += [
+        "| " + " | ".join(_cell(r.get(key)) for key, _ in TABLE_COLUMNS) + " |"
+        for r in records
+    ]
+    lines.append("")
+    by_mode = {(r["workload"], r["mode"]): r for r in records}
+    for workload in dict.fromkeys(r["workload"] for r in records):
+        ours = by_mode.get((workload, "cppwrap-no-replay"), {})
+        python = by_mode.get((workload, "python"), {})
+        a, b = ours.get("host_us_per_launch"), python.get("host_us_per_launch")
+        if a is not None and b:
+            lines.append(
+                f"- {workload}: host µs per kernel, cppwrap-no-replay / python = "
+                f"{a:.2f} / {b:.2f} = {a / b:.2f} (target ≤ 0.33)"
+            )
+    errors = [r for r in records if r.get("error")]
+    if errors:
+        lines.append("")
+        lines += [
+            f"- {r['workload']} / {r['mode']} failed: "
+            + (r["error"].strip().splitlines() or [""])[-1]
+            for r in errors
+        ]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> int:
@@ -108,41 +309,47 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--workloads", default="mlp,seed")
     parser.add_argument("--modes", default="cppwrap,upstream,python")
+    parser.add_argument(
+        "--timeout", type=float, default=240.0, help="seconds per child process"
+    )
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "MODE"))
     ns = parser.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     if ns.child:
         print("RESULT " + json.dumps(child(*ns.child, ns.out)), flush=True)
         return 0
-    records = []
-    for workload in ns.workloads.split(","):
-        for mode in ns.modes.split(","):
-            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp())
-            cmd = [
-                sys.executable,
-                __file__,
-                "--out",
-                str(ns.out),
-                "--child",
-                workload,
-                mode,
-            ]
-            proc = subprocess.run(
-                cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=240
-            )
-            lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-            record = (
-                json.loads(lines[-1][7:])
-                if lines
-                else {
-                    "workload": workload,
-                    "mode": mode,
-                    "error": proc.stderr[-3000:],
-                }
-            )
-            print(json.dumps(record), flush=True)
-            records.append(record)
-    (ns.out / "profile.json").write_text(json.dumps(records, indent=1))
+    bench = load_bench()
+    workloads, modes = ns.workloads.split(","), ns.modes.split(",")
+    for name in workloads:
+        if name not in bench.WORKLOADS:
+            parser.error(f"unknown workload {name!r}; one of {sorted(bench.WORKLOADS)}")
+    for name in modes:
+        if name not in bench.MODES:
+            parser.error(f"unknown mode {name!r}; one of {sorted(bench.MODES)}")
+
+    extra_env: dict[str, str] = {}
+    installed = None
+    if any(bench.MODES[m].imports_torch_cppwrap for m in modes):
+        # As bench.py: torch_cppwrap's runtime extension built once, not in
+        # each child's fresh Inductor cache.
+        installed = tempfile.mkdtemp(prefix="profile-call-installed-")
+        progress("installing torch_cppwrap's runtime for this run...")
+        bench.prepare_torch_cppwrap(installed, "cuda")
+        extra_env["TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"] = installed
+    records: list[dict[str, Any]] = []
+    try:
+        for workload in workloads:
+            for mode in modes:
+                progress(f"== {workload} / {mode}")
+                record = run_child(workload, mode, ns.out, ns.timeout, extra_env)
+                print(json.dumps(record), flush=True)
+                records.append(record)
+                # After each record, so that an interrupted run keeps its rows.
+                (ns.out / "profile.json").write_text(json.dumps(records, indent=1))
+                (ns.out / "profile.md").write_text(markdown(records))
+    finally:
+        if installed is not None:
+            shutil.rmtree(installed, ignore_errors=True)
     return 0
 
 

@@ -335,6 +335,85 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         stream = torch.cuda.current_stream().cuda_stream
         self.assertIn((x.device.index, stream), cuda_graphs._pools)
 
+    def test_capture_reuses_the_warm_up_memory(self) -> None:
+        # The first call (the warm-up) runs in the graphs' memory pool, so
+        # the second call's capture takes its intermediates from memory
+        # already reserved, and reserves next to nothing more.  A first call
+        # in the default pool would have left its intermediates cached there
+        # and the capture would have reserved as much again (and more for its
+        # own warm-up run outside the pool).
+        n = 2048
+        intermediate = n * n * 4  # bytes of each float32 n x n buffer
+
+        def fn(x, w):
+            y = torch.relu(x @ w)
+            z = torch.sin(y @ w)
+            return (torch.cos(z @ w) + z).sum(0)
+
+        x = torch.randn(n, n, device="cuda")
+        w = torch.randn(n, n, device="cuda") / n**0.5
+        with torch.no_grad():
+            compiled, module, _ = self.compile_module(fn, (x, w))
+            self.assertEqual(module.cuda_graph_state(), "capture")
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_reserved()
+            torch.cuda.reset_peak_memory_stats()
+            for _ in range(3):
+                out = compiled(x, w)
+            torch.cuda.synchronize()
+            rise = torch.cuda.max_memory_reserved() - before
+            self.assertEqual(module.cuda_graph_state(), "ready")
+            self.assertEqual(out, fn(x, w), atol=1e-2, rtol=1e-2)
+        self.assertLess(rise, intermediate, f"reserved {rise / 2**20:.0f} MiB more")
+
+    def test_replays_on_one_thread_while_another_warms_up(self) -> None:
+        # A warm-up runs eagerly in the memory pool where a replayed graph's
+        # scratch memory lies free between replays.  While one holds the
+        # pool, the other thread's calls run kernel by kernel, and are not
+        # taken for calls whose inputs moved (which would have the graph
+        # captured again).
+        def fn(x, w):
+            return torch.relu(x @ w) @ w + 1
+
+        x, w = (torch.randn(256, 256, device="cuda") for _ in range(2))
+        expected = fn(x, w)
+        compiled, module, _ = self.compile_module(fn, (x, w))
+        for _ in range(2):
+            compiled(x, w)
+        self.assertEqual(module.cuda_graph_state(), "ready")
+        captured: list[int] = []
+        real_capture = cuda_graphs.capture
+
+        def counting_capture(args: list[Any], first_ptrs: list[int]) -> Any:
+            captured.append(len(args))
+            return real_capture(args, first_ptrs)
+
+        stop = threading.Event()
+        results: list[torch.Tensor] = []
+
+        def replay_until_stopped() -> None:
+            while not stop.is_set():
+                results.append(module.call([x, w])[0])
+
+        replayer = threading.Thread(target=replay_until_stopped)
+        with mock.patch.object(cuda_graphs, "capture", counting_capture):
+            replayer.start()
+            try:
+                for i in range(3):
+                    g = torch.compile(lambda x, w, i=i: torch.sin(x @ w).relu() @ w + i)
+                    with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+                        for _ in range(3):  # warm-up, capture, replay
+                            g(x, w)
+            finally:
+                stop.set()
+                replayer.join()
+        torch.cuda.synchronize()
+        self.assertGreater(len(results), 0)
+        for result in results:
+            self.assertEqual(result, expected, atol=1e-3, rtol=1e-3)
+        self.assertEqual(module.cuda_graph_state(), "ready")
+        self.assertEqual(len(captured), 3)  # the new graphs', none of fn's
+
     def test_attention_without_dropout_is_replayed(self) -> None:
         def attend(q, k, v):
             return F.scaled_dot_product_attention(q.relu(), k * 2, v + 1).sin()

@@ -188,8 +188,12 @@ class TestLauncherCompiles(TestCase):
         body_opening = wrapper.body_opening()
         self.assertIn("static cppwrap::cuda::GraphReplay cuda_graph(2, 1);", opening)
         self.assertIn(
-            "if (!(replayable && cuda_graph.replay(graph_inputs, graph_outputs))) {",
-            body_opening,
+            "if (replayed != cppwrap::cuda::GraphReplay::kReplayed) {", body_opening
+        )
+        # The first two calls go through cuda_graphs (warm-up, capture).
+        self.assertIn(
+            "        PyObject* outputs = cuda_graph.prepare(args, run_kernels);",
+            opening,
         )
         source = "\n".join(
             [

@@ -430,8 +430,12 @@ class CppWrapperGpu(CppWrapperCpu):
         return [
             f"const cppwrap::Tensor* const graph_inputs[] = {{{inputs}}};",
             f"cppwrap::Tensor* const graph_outputs[] = {{{outputs}}};",
-            "if (!(replayable && cuda_graph.replay(graph_inputs, graph_outputs))) {",
-            "    if (replayable) cuda_graph.observe(graph_inputs);",
+            "const auto replayed = replayable",
+            "    ? cuda_graph.replay(graph_inputs, graph_outputs)",
+            "    : cppwrap::cuda::GraphReplay::kSkipped;",
+            "if (replayed != cppwrap::cuda::GraphReplay::kReplayed) {",
+            "    if (replayed == cppwrap::cuda::GraphReplay::kMissed) "
+            "cuda_graph.observe(graph_inputs);",
         ]
 
     def call_opening(self) -> list[str]:
@@ -446,20 +450,21 @@ class CppWrapperGpu(CppWrapperCpu):
             return super().call_opening()
         n_inputs = len(self.get_graph_input_names())
         return [
-            "// Replayed as one CUDA graph from the third call on; see GraphReplay.",
+            "// Warmed up on the first call, captured on the second and replayed as",
+            "// one CUDA graph from the third on; see GraphReplay.",
             f"static cppwrap::cuda::GraphReplay cuda_graph({n_inputs}, "
             f"{len(self.output_kinds)});",
             "",
             "static PyObject* run(PyObject* args, bool replayable);",
             "",
-            "// The kernels one by one, never a replay: what a capture runs.",
+            "// The kernels one by one, never a replay: what a warm-up or capture runs.",
             "static PyObject* run_kernels(PyObject* args) {",
             "    return run(args, false);",
             "}",
             "",
             "static PyObject* run(PyObject* args, bool replayable) {",
-            "    if (replayable && cuda_graph.should_capture()) {",
-            "        PyObject* outputs = cuda_graph.capture(args, run_kernels);",
+            "    if (replayable && cuda_graph.should_prepare()) {",
+            "        PyObject* outputs = cuda_graph.prepare(args, run_kernels);",
             "        if (outputs != Py_None) return outputs;",
             "        Py_DECREF(outputs);",
             "    }",

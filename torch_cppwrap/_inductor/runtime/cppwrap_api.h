@@ -17,7 +17,7 @@
 
 // Bumped whenever CppwrapApi changes, so that a graph module built against
 // another table refuses to load instead of calling the wrong entry.
-#define CPPWRAP_API_VERSION 8
+#define CPPWRAP_API_VERSION 9
 #define CPPWRAP_API_CAPSULE "torch_cppwrap._C._api"
 
 #ifdef __cplusplus
@@ -143,6 +143,20 @@ typedef struct CppwrapApi {
   // number): the C shim has no type for them. ---
   int (*scalar_to_tensor_complex)(double real, double imag, void* dst);
   void (*push_complex)(void* stack, double real, double imag);
+
+  // --- The memory pool that CUDA graphs share (cuda_graphs.py); no GIL
+  // needed.  Between replays a graph's scratch memory is free in the pool,
+  // so an eager run in the pool (the warm-up before a capture) may be given
+  // it; the two must not be queued at once.  A replay holds the pool shared
+  // while it queues its work and never waits for it: 0 means an eager run
+  // holds it, and the call launches kernel by kernel instead. ---
+  int32_t (*graph_pool_try_share)(void);
+  void (*graph_pool_unshare)(void);
+  // Takes the pool for an eager run, once the replays being queued are
+  // queued; 0, with nothing taken, if another eager run holds it (on this
+  // thread too: a graph run inside another's warm-up).
+  int32_t (*graph_pool_take)(void);
+  void (*graph_pool_give)(void);
 } CppwrapApi;
 
 #ifdef __cplusplus

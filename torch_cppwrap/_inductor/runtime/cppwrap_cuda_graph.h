@@ -23,22 +23,35 @@ namespace cuda {
 // one CUDA graph and replayed: one cuGraphLaunch instead of a launch per
 // kernel.  The life of one:
 //
-//   1st call  runs the kernels one by one and notes each input's address;
-//   2nd call  captures the graph: torch_cppwrap._inductor.runtime.cuda_graphs
-//             .capture sets up torch's side (torch.cuda.graph: the stream's
-//             memory pool, a side stream) and this class runs the kernels
-//             under it, a warm-up run and the captured one, and installs the
-//             graph;
+//   1st call  warms up: torch_cppwrap._inductor.runtime.cuda_graphs.warm_up
+//             runs the kernels (this class runs them at its `yield`) on the
+//             capture stream, allocating from the memory pool the capture
+//             will use, and notes each input's address;
+//   2nd call  captures the graph: cuda_graphs.capture sets up torch's side
+//             (torch.cuda.graph, the pool, the capture stream) and this class
+//             runs the kernels under it, a warm-up run and the captured one,
+//             and installs the graph;
 //   then      each call replays it if every input that kept its address on
 //             the 2nd call still has it.  The others are copied into buffers
 //             the graph owns; the outputs are copied out of the graph's pool
 //             into fresh tensors, so what a call returns is the caller's.
 //
-// A call that cannot replay (an input moved, another stream) runs the kernels
-// one by one, as does every call when capture was declined or failed.
+// Warming up in the pool is what keeps a replayed graph's peak memory at
+// reduce-overhead's: the capture reuses the warm-up's memory, where a first
+// call in the caching allocator's default pool would have left its own
+// intermediates cached beside the pool's.
+//
+// A call that cannot replay (an input moved, another stream, a warm-up
+// holding the pool) runs the kernels one by one, as does every call when
+// capture was declined or failed.
 class GraphReplay {
  public:
+  // kCapturing: a warm-up or a capture is running.
   enum State : int { kWarmup = 0, kCapture = 1, kCapturing = 2, kReady = 3, kOff = 4 };
+  // What replay() did: kMissed (an input moved, another stream, or no graph
+  // yet) is for observe() to see; kSkipped (a warm-up held the pool, or the
+  // kernels run for a warm-up or a capture) is not.
+  enum Outcome : int { kReplayed = 0, kMissed = 1, kSkipped = 2 };
 
   GraphReplay(size_t n_inputs, size_t n_outputs)
       : first_ptrs_(n_inputs, nullptr), inputs_(n_inputs), outputs_(n_outputs) {}
@@ -49,13 +62,17 @@ class GraphReplay {
     return static_cast<State>(state_.load(std::memory_order_acquire));
   }
 
-  // Called with the GIL held, before the inputs are unpacked.
-  bool should_capture() const {
-    return state() == kCapture;
+  // Called with the GIL held, before the inputs are unpacked: whether this
+  // call is the warm-up or the capture, which prepare() runs.
+  bool should_prepare() const {
+    const State now = state();
+    return now == kWarmup || now == kCapture;
   }
 
-  // Called on every call that ran the kernels one by one.  The first such
-  // call notes the inputs' addresses, so the next call can be captured.  Once
+  // Called on every call that missed a replay and ran the kernels one by
+  // one.  In the warm-up state (a first call that did not warm up: another
+  // warm-up held the pool) it notes the inputs' addresses, so the next call
+  // can be captured.  Once
   // a graph is installed, two calls in a row that could not replay because
   // the same inputs had moved to the same new addresses (parameters that
   // were replaced, say) have it captured again, a few times at most.
@@ -96,64 +113,40 @@ class GraphReplay {
   // with an exception set.
   using RunKernels = PyObject* (*)(PyObject* args);
 
-  // The 2nd call, with the GIL: captures the graph and installs it.  Returns
-  // the call's outputs (a new reference), Py_None (new reference) when the
-  // graph was not captured and the call should run the kernels itself, or
-  // nullptr with an exception set.
-  PyObject* capture(PyObject* args, RunKernels run_kernels) {
-    PyObject* replaced = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      state_.store(kCapturing, std::memory_order_release);
-      // On a recapture the old graph goes first: what it holds in the
-      // stream's memory pool is freed for the new capture instead of being
-      // held beside it (twice the memory at the peak).  No replay can start
-      // now that the state is not kReady.
-      for (Input& in : inputs_) {
-        in.buffer.reset();
-      }
-      for (Output& out : outputs_) {
-        out.pool.reset();
-      }
-      replaced = std::exchange(graph_, nullptr);
-      exec_ = nullptr;
+  // The 1st and the 2nd call, with the GIL: the warm-up, or the capture and
+  // the install.  Returns the call's outputs (a new reference), Py_None (new
+  // reference) when the call should run the kernels itself, or nullptr with
+  // an exception set.
+  PyObject* prepare(PyObject* args, RunKernels run_kernels) {
+    if (!api->graph_pool_take()) {
+      // Another warm-up or capture holds the pool (maybe the one this call
+      // runs inside): this call runs kernel by kernel, a later one prepares.
+      return Py_NewRef(Py_None);
     }
-    Py_XDECREF(replaced);
-    PyObject* result = run_capture(args, run_kernels);
-    PyObject* outputs = nullptr;
-    if (result == Py_None) {
-      outputs = result;
-    } else if (result != nullptr) {
-      // (this call's outputs, what install takes)
-      if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != 2) {
-        PyErr_SetString(PyExc_TypeError, "torch_cppwrap: CUDA graph capture returned no pair");
-      } else if (install(PyTuple_GET_ITEM(result, 1))) {
-        outputs = Py_NewRef(PyTuple_GET_ITEM(result, 0));
-      }
-      Py_DECREF(result);
-    }
-    if (state() != kReady) {
-      state_.store(kOff, std::memory_order_release);
-    }
+    PyObject* outputs = state() == kWarmup ? warm_up(args, run_kernels) : capture(args, run_kernels);
+    api->graph_pool_give();
     return outputs;
   }
-
-  // Replays the graph for one call, the GIL released.  False when this call
-  // must run the kernels one by one instead.
-  bool replay(const Tensor* const* inputs, Tensor* const* outputs) {
+  // Replays the graph for one call, the GIL released.  Anything but
+  // kReplayed: this call must run the kernels one by one instead.
+  Outcome replay(const Tensor* const* inputs, Tensor* const* outputs) {
     if (state() != kReady) {
-      return false;
+      return kMissed;
     }
+    if (!api->graph_pool_try_share()) {
+      return kSkipped;
+    }
+    const PoolShare share;
     // Held while the copies and the launch are queued, so that two threads'
     // calls cannot interleave on the graph's buffers (the stream orders them),
     // and a new capture cannot swap the graph under this call.
     std::lock_guard<std::mutex> lock(mutex_);
     if (state() != kReady) {
-      return false;
+      return kMissed;
     }
     for (size_t i = 0; i < inputs_.size(); ++i) {
       if (!inputs_[i].buffer.defined() && inputs[i]->data_ptr() != inputs_[i].captured) {
-        return false;
+        return kMissed;
       }
     }
     // Makes the graph's device current (and its context, on a thread that
@@ -161,7 +154,7 @@ class GraphReplay {
     DeviceGuard device_guard(device_);
     void* stream = current_stream(device_);
     if (stream != stream_) {
-      return false;
+      return kMissed;
     }
     const Driver& d = driver();
     CUstream s = static_cast<CUstream>(stream);
@@ -185,7 +178,7 @@ class GraphReplay {
               "copying an output out of the CUDA graph");
       }
     }
-    return true;
+    return kReplayed;
   }
 
  private:
@@ -264,25 +257,126 @@ class GraphReplay {
     return true;
   }
 
-  // Drives the coroutine cuda_graphs.capture(args, first input addresses):
-  // at each value it yields (a list of inputs) the kernels run on it, and
-  // their outputs are sent back; a failed run is thrown in instead.  Returns
-  // what the coroutine returned, or nullptr with an exception set.
-  PyObject* run_capture(PyObject* args, RunKernels run_kernels) {
+  // Releases the pool's share a replay took, however the replay ends.
+  struct PoolShare {
+    PoolShare() = default;
+    PoolShare(const PoolShare&) = delete;
+    PoolShare& operator=(const PoolShare&) = delete;
+    ~PoolShare() {
+      api->graph_pool_unshare();
+    }
+  };
+
+  // The 1st call: cuda_graphs.warm_up(args) returns (this call's outputs,
+  // the inputs' addresses), or None when the graph is not to be captured.
+  PyObject* warm_up(PyObject* args, RunKernels run_kernels) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (state() != kWarmup) {
+        return Py_NewRef(Py_None);
+      }
+      state_.store(kCapturing, std::memory_order_release);
+    }
+    PyObject* result = run_steps("warm_up", Py_BuildValue("(O)", args), run_kernels);
+    // A failed run (a bad input, say) raises as it would have, and the next
+    // call warms up again.
+    State next = kWarmup;
+    PyObject* outputs = nullptr;
+    if (result == Py_None) {
+      outputs = result;
+      next = kOff;
+    } else if (result != nullptr) {
+      if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != 2 ||
+          !PyList_Check(PyTuple_GET_ITEM(result, 1)) ||
+          static_cast<size_t>(PyList_GET_SIZE(PyTuple_GET_ITEM(result, 1))) != first_ptrs_.size()) {
+        PyErr_SetString(PyExc_TypeError, "torch_cppwrap: CUDA graph warm-up returned no (outputs, addresses)");
+      } else {
+        PyObject* ptrs = PyTuple_GET_ITEM(result, 1);
+        for (size_t i = 0; i < first_ptrs_.size(); ++i) {
+          first_ptrs_[i] = PyLong_AsVoidPtr(PyList_GET_ITEM(ptrs, static_cast<Py_ssize_t>(i)));
+        }
+        if (!PyErr_Occurred()) {
+          outputs = Py_NewRef(PyTuple_GET_ITEM(result, 0));
+          next = kCapture;
+        }
+      }
+      Py_DECREF(result);
+    }
+    state_.store(next, std::memory_order_release);
+    return outputs;
+  }
+
+  // The 2nd call: cuda_graphs.capture(args, first input addresses) returns
+  // (this call's outputs, what install takes), or None.
+  PyObject* capture(PyObject* args, RunKernels run_kernels) {
+    PyObject* replaced = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (state() != kCapture) {
+        return Py_NewRef(Py_None);
+      }
+      state_.store(kCapturing, std::memory_order_release);
+      // On a recapture the old graph goes first: what it holds in the
+      // stream's memory pool is freed for the new capture instead of being
+      // held beside it (twice the memory at the peak).  No replay can start
+      // now that the state is not kReady.
+      for (Input& in : inputs_) {
+        in.buffer.reset();
+      }
+      for (Output& out : outputs_) {
+        out.pool.reset();
+      }
+      replaced = std::exchange(graph_, nullptr);
+      exec_ = nullptr;
+    }
+    Py_XDECREF(replaced);
     PyObject* ptrs = PyList_New(static_cast<Py_ssize_t>(first_ptrs_.size()));
     if (ptrs == nullptr) {
+      state_.store(kOff, std::memory_order_release);
       return nullptr;
     }
     for (size_t i = 0; i < first_ptrs_.size(); ++i) {
       PyList_SET_ITEM(ptrs, static_cast<Py_ssize_t>(i), PyLong_FromVoidPtr(first_ptrs_[i]));
     }
+    PyObject* result = run_steps("capture", Py_BuildValue("(ON)", args, ptrs), run_kernels);
+    PyObject* outputs = nullptr;
+    if (result == Py_None) {
+      outputs = result;
+    } else if (result != nullptr) {
+      // (this call's outputs, what install takes)
+      if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != 2) {
+        PyErr_SetString(PyExc_TypeError, "torch_cppwrap: CUDA graph capture returned no pair");
+      } else if (install(PyTuple_GET_ITEM(result, 1))) {
+        outputs = Py_NewRef(PyTuple_GET_ITEM(result, 0));
+      }
+      Py_DECREF(result);
+    }
+    if (state() != kReady) {
+      state_.store(kOff, std::memory_order_release);
+    }
+    return outputs;
+  }
+
+  // Drives the coroutine cuda_graphs.<name>(*call_args) (call_args is a
+  // new reference, or nullptr with an exception set): at each value it
+  // yields (a list of inputs) the kernels run on it, and their outputs are
+  // sent back; a failed run is thrown in instead.  Returns what the
+  // coroutine returned, or nullptr with an exception set.
+  PyObject* run_steps(const char* name, PyObject* call_args, RunKernels run_kernels) {
+    if (call_args == nullptr) {
+      return nullptr;
+    }
     PyObject* helper = PyImport_ImportModule("torch_cppwrap._inductor.runtime.cuda_graphs");
     PyObject* steps = nullptr;
     if (helper != nullptr) {
-      steps = PyObject_CallMethod(helper, "capture", "OO", args, ptrs);
+      PyObject* coroutine = PyObject_GetAttrString(helper, name);
+      if (coroutine != nullptr) {
+        steps = PyObject_Call(coroutine, call_args, nullptr);
+        Py_DECREF(coroutine);
+      }
       Py_DECREF(helper);
     }
-    Py_DECREF(ptrs);
+    Py_DECREF(call_args);
     if (steps == nullptr) {
       return nullptr;
     }

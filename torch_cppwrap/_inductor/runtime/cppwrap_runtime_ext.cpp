@@ -25,6 +25,7 @@
 #define CPPWRAP_SHIM_RECORDS_ERRORS 0
 #endif
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -32,6 +33,7 @@
 #include <new>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <typeinfo>
 #include <utility>
 #include <vector>
@@ -594,6 +596,46 @@ const char* shim_error() {
 #endif
 }
 
+// The CUDA graphs' shared pool (see cppwrap_api.h): `pool_taken` is set by
+// the one eager run that holds it, `pool_replays` counts the replays being
+// queued.  Each side announces itself, then looks at the other (both
+// sequentially consistent), so they cannot both go ahead.
+std::atomic<bool> pool_taken{false};
+std::atomic<int64_t> pool_replays{0};
+
+int32_t graph_pool_try_share() {
+  if (pool_taken.load()) {
+    return 0;
+  }
+  pool_replays.fetch_add(1);
+  if (pool_taken.load()) {
+    pool_replays.fetch_sub(1);
+    return 0;
+  }
+  return 1;
+}
+
+void graph_pool_unshare() {
+  pool_replays.fetch_sub(1);
+}
+
+int32_t graph_pool_take() {
+  bool expected = false;
+  if (!pool_taken.compare_exchange_strong(expected, true)) {
+    return 0;
+  }
+  // A replay queues a few copies and one launch: this wait is short, and the
+  // replays do not need the GIL this thread may hold.
+  while (pool_replays.load() != 0) {
+    std::this_thread::yield();
+  }
+  return 1;
+}
+
+void graph_pool_give() {
+  pool_taken.store(false);
+}
+
 const CppwrapApi api_table = {
     CPPWRAP_API_VERSION,
     static_cast<int32_t>(sizeof(at::Tensor)),
@@ -643,6 +685,10 @@ const CppwrapApi api_table = {
     shim_error,
     scalar_to_tensor_complex,
     push_complex,
+    graph_pool_try_share,
+    graph_pool_unshare,
+    graph_pool_take,
+    graph_pool_give,
 };
 
 }  // namespace

@@ -2,17 +2,18 @@
 
 A CUDA wrapper module that :class:`CppWrapperGpu` found replayable (all
 inputs and outputs CUDA tensors of fixed shapes; no host synchronisation,
-random numbers or input mutation) captures its graph on its second call.  The
-first call ran the kernels one by one (loading every cubin, initialising
-cuBLAS) and noted each input's address.
+random numbers or input mutation) warms up on its first call and captures
+its graph on its second.
 
-The capture is :func:`capture`, a coroutine that ``cppwrap::cuda::GraphReplay``
-drives from C++: torch's side of it (the memory pool, the capture stream, the
-``torch.cuda.CUDAGraph``) is set up here, and at each ``yield`` C++ runs the
-graph's kernels itself on the inputs yielded and sends back their outputs.
-Nothing here calls into the module.  From then on ``GraphReplay`` replays the
-graph in C++ with no Python; see ``cppwrap_cuda_graph.h`` for what a replay
-does.
+Both are coroutines that ``cppwrap::cuda::GraphReplay`` drives from C++:
+torch's side (the memory pool, the capture stream, the ``torch.cuda.CUDAGraph``)
+is set up here, and at each ``yield`` C++ runs the graph's kernels itself on
+the inputs yielded and sends back their outputs.  Nothing here calls into the
+module.  :func:`warm_up` runs the kernels once on the capture stream,
+allocating from the memory pool the capture will use, and notes each input's
+address; :func:`capture` captures them.  From then on ``GraphReplay``
+replays the graph in C++ with no Python; see ``cppwrap_cuda_graph.h`` for
+what a replay does.
 
 Inputs that kept their address between the two calls (parameters, buffers,
 an input the caller reuses) are read where they are; a replay needs them
@@ -27,7 +28,7 @@ import logging
 import os
 import threading
 from collections.abc import Generator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -59,15 +60,18 @@ _capture_lock = threading.Lock()
 # because a graph keeps nothing in the pool between replays but its outputs
 # (which stay allocated, so no other capture is given them), and graphs of
 # one pool replay on one stream (a replay on any other is refused), so never
-# at the same time.
-_pools: dict[tuple[int, int], Any] = {}
+# at the same time.  An eager run in the pool (a warm-up) may be given a
+# graph's scratch memory too: it holds the pool (GraphReplay::prepare) so that
+# no replay is queued meanwhile, and what it returns is copied out of the pool.
+_pools: dict[tuple[int, int], torch.cuda.MemPool] = {}
 
 
-def _memory_pool(device: torch.device, stream: torch.cuda.Stream) -> Any:
+def _memory_pool(device: torch.device, stream: torch.cuda.Stream) -> torch.cuda.MemPool:
     key = (device.index, stream.cuda_stream)
     pool = _pools.get(key)
     if pool is None:
-        pool = _pools[key] = torch.cuda.graph_pool_handle()
+        with torch.cuda.device(device):
+            pool = _pools[key] = torch.cuda.MemPool()
     return pool
 
 
@@ -112,19 +116,103 @@ Capture = Generator[
 ]
 
 
+# What the warm-up coroutine returns: this call's outputs and the inputs'
+# addresses, for C++ to note.
+WarmUp = Generator[
+    list[torch.Tensor], Sequence[Any], "tuple[tuple[Any, ...], list[int]] | None"
+]
+
+
+def _why_not_capture(args: list[Any]) -> str | None:
+    if not enabled():
+        return f"{ENV_SWITCH} is off"
+    if torch.cuda.is_current_stream_capturing():
+        # Someone else (mode="reduce-overhead") is capturing this call into
+        # their CUDA graph; launching kernel by kernel is what they record.
+        return "the call is being captured by another CUDA graph"
+    if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
+        return "this torch cannot hand a CUDA graph to C++"
+    if not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        return "an input is not a CUDA tensor"
+    if any(a.device != args[0].device for a in args):
+        return "the inputs are on several devices"
+    return None
+
+
+def warm_up(args: list[Any]) -> WarmUp:
+    """The first call of a module whose graph may be captured: runs its
+    kernels on the capture stream, allocating from the memory pool that the
+    capture (the next call) takes its memory from, so that the capture reuses
+    this run's memory instead of adding its own.  Returns this call's outputs
+    (copied out of the pool) and the inputs' addresses, or None when the
+    graph is not to be captured: the module then runs this call, and every
+    later one, kernel by kernel.  A failed run is thrown in at the `yield`
+    and goes on up: the call fails as it would have, and the next warms up."""
+    why = _why_not_capture(args)
+    if why is not None:
+        log.debug("torch_cppwrap: no CUDA graph: %s", why)
+        return None
+    inputs = list(args)  # the module's call may clear the list it is given
+    device = inputs[0].device
+    stream = torch.cuda.current_stream(device)
+    try:
+        pool = _memory_pool(device, stream)
+        side = _capture_stream(device)
+    except Exception as e:
+        log.warning(
+            "torch_cppwrap: no memory pool for a CUDA graph; the graph runs "
+            "kernel by kernel instead: %s",
+            e,
+        )
+        return None
+    with _capture_lock, torch.cuda.device(device):
+        side.wait_stream(stream)
+        try:
+            with torch.cuda.stream(side), torch.cuda.use_mem_pool(pool, device):
+                outputs = yield list(inputs)
+        finally:
+            stream.wait_stream(side)
+        results = _copied_out(outputs, inputs)
+        # The pool may give the outputs' memory to the capture stream again
+        # once they are freed: only after the copies have read them.
+        side.wait_stream(stream)
+    return results, [a.data_ptr() for a in inputs]
+
+
+def _copied_out(
+    outputs: Sequence[Any], inputs: Sequence[torch.Tensor]
+) -> tuple[Any, ...]:
+    """`outputs` with every tensor the graph allocated (in the pool) moved
+    into memory of its own, storage by storage, so that views and outputs
+    sharing memory keep their strides and aliasing.  Outputs that are views of
+    inputs stay as they are."""
+    kept = {_storage(t) for t in inputs}
+    copies: dict[int, torch.UntypedStorage] = {}
+    results: list[Any] = []
+    for t in outputs:
+        if not isinstance(t, torch.Tensor) or _storage(t) in kept:
+            results.append(t)
+            continue
+        storage = t.untyped_storage()
+        copy = copies.get(storage.data_ptr())
+        if copy is None:
+            copy = copies[storage.data_ptr()] = storage.clone()
+        results.append(
+            torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                copy, t.storage_offset(), t.size(), t.stride()
+            )
+        )
+    return tuple(results)
+
+
 def capture(args: list[Any], first_ptrs: list[int]) -> Capture:
     """Captures a module's graph on this call's `args`, for C++ to install.
     Returns None when the graph is not to be captured: the module then runs
     this call, and every later one, kernel by kernel.  A failed kernel run is
     thrown in at the `yield` it answers."""
-    if not enabled():
-        return None
-    if torch.cuda.is_current_stream_capturing():
-        # Someone else (mode="reduce-overhead") is capturing this call into
-        # their CUDA graph; launching kernel by kernel is what they record.
-        return None
-    if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
-        log.debug("torch_cppwrap: this torch cannot hand a CUDA graph to C++")
+    why = _why_not_capture(args)
+    if why is not None:
+        log.debug("torch_cppwrap: no CUDA graph: %s", why)
         return None
     try:
         with _capture_lock:
@@ -139,13 +227,9 @@ def capture(args: list[Any], first_ptrs: list[int]) -> Capture:
 
 
 def _capture(args: list[Any], first_ptrs: list[int]) -> Capture:
-    if len(args) != len(first_ptrs) or not all(
-        isinstance(a, torch.Tensor) and a.is_cuda for a in args
-    ):
+    if len(args) != len(first_ptrs):
         return None
     device = args[0].device
-    if any(a.device != device for a in args):
-        return None
     buffers: list[torch.Tensor | None] = []
     graph_inputs: list[torch.Tensor] = []
     for arg, first in zip(args, first_ptrs, strict=True):
@@ -167,18 +251,20 @@ def _capture(args: list[Any], first_ptrs: list[int]) -> Capture:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.device(device):
         side = _capture_stream(device)
+        pool = _memory_pool(device, stream)
         # One run on the capture stream, from this thread, first: cuBLAS makes
         # its handle per thread and its workspace per stream, neither of which
         # may happen while capturing (a failed capture can leave the CUDA
-        # generator thinking it is still capturing).
+        # generator thinking it is still capturing).  In the pool, where the
+        # warm-up's memory is cached for it.
         side.wait_stream(stream)
-        with torch.cuda.stream(side):
+        with torch.cuda.stream(side), torch.cuda.use_mem_pool(pool, device):
             yield list(graph_inputs)
         side.synchronize()
         # thread_local: other threads keep running kernel by kernel meanwhile.
         with torch.cuda.graph(
             graph,
-            pool=_memory_pool(device, stream),
+            pool=cast(Any, pool.id),  # a pool handle, as graph_pool_handle()'s
             stream=side,
             capture_error_mode="thread_local",
         ):

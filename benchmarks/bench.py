@@ -565,6 +565,12 @@ def run_worker(
                 sync=sync,
             )
             result["e2e_us_median"], result["e2e_us"] = e2e.median_us, e2e.min_us
+            # Before the module's `call` is timed: that runs on get_args()'s
+            # inputs, parameters at other addresses than the compiled
+            # function's, which a replayed graph runs kernel by kernel (in
+            # the default pool) before it captures again.
+            result["mem_peak_mb"] = memory.peak_mb()
+            result["mem_source"] = memory.source
             # CUDA graphs replay the whole graph; its module's `call` alone is
             # not what runs, so there is nothing honest to time.
             calls = [
@@ -579,8 +585,6 @@ def run_worker(
         if timed and len(timed) == len(calls):
             result["call_us_median"] = sum(c.median_us for c in timed)
             result["call_us"] = sum(c.min_us for c in timed)
-        result["mem_peak_mb"] = memory.peak_mb()
-        result["mem_source"] = memory.source
         if mode.imports_torch_cppwrap and device == "cuda":
             result["replay"] = [_replay_state(m) for m in modules]
     return result
@@ -1067,7 +1071,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"- rounds: {meta.get('rounds', 1)} (warm processes per mode, the modes in alternating "
         "order); each warm time above is the fastest round's, every round is in bench.json.",
         f"- peak MB: rise of the warm process's {memory} from just before its first call "
-        "(loading the cached graph included) to the end of timing.",
+        "(loading the cached graph included) to the end of the e2e timing (the module's "
+        "`call`, timed after it on other inputs, is left out).",
     ]
     load = meta.get("max_loadavg_before_timing")
     if load and meta["cpu_count"] and load > meta["cpu_count"]:

@@ -23,6 +23,7 @@ from torch._inductor.utils import run_and_get_code
 
 import torch_cppwrap
 from tests.common import CppWrapperTestCase, our_wrappers_created, seed_cache
+from torch_cppwrap._inductor.codegen.cpp_wrapper_gpu import CppWrapperGpu
 from torch_cppwrap._inductor.runtime import cuda_graphs
 
 HAS_CUDA = torch.cuda.is_available()
@@ -388,6 +389,17 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             captured.append(len(args))
             return real_capture(args, first_ptrs)
 
+        # Three graphs of their own (three functions, not one recompiled),
+        # each warmed up and captured while fn replays on the other thread.
+        def g1(x, w):
+            return torch.sin(x @ w).relu() @ w + 1
+
+        def g2(x, w):
+            return torch.cos(x @ w).relu() @ w + 2
+
+        def g3(x, w):
+            return torch.tanh(x @ w).relu() @ w + 3
+
         stop = threading.Event()
         results: list[torch.Tensor] = []
 
@@ -399,11 +411,13 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         with mock.patch.object(cuda_graphs, "capture", counting_capture):
             replayer.start()
             try:
-                for i in range(3):
-                    g = torch.compile(lambda x, w, i=i: torch.sin(x @ w).relu() @ w + i)
+                for g in (g1, g2, g3):
+                    compiled_g = torch.compile(g)
                     with config.patch(cpp_wrapper=True, fx_graph_cache=False):
                         for _ in range(3):  # warm-up, capture, replay
-                            g(x, w)
+                            self.assertEqual(
+                                compiled_g(x, w), g(x, w), atol=1e-3, rtol=1e-3
+                            )
             finally:
                 stop.set()
                 replayer.join()
@@ -413,6 +427,31 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             self.assertEqual(result, expected, atol=1e-3, rtol=1e-3)
         self.assertEqual(module.cuda_graph_state(), "ready")
         self.assertEqual(len(captured), 3)  # the new graphs', none of fn's
+
+    def test_dynamic_shapes_are_replayed_once_per_size(self) -> None:
+        # A graph compiled for dynamic shapes is captured once per size its
+        # inputs come in (warm-up, capture, then replays), up to a bound;
+        # sizes beyond it run kernel by kernel.
+        def fn(x, w):
+            return torch.relu(x @ w).sin() @ w + x.sum(0)
+
+        w = torch.randn(64, 64, device="cuda")
+        compiled = torch.compile(fn, dynamic=True)
+        before = len(PyCodeCache.modules)
+        bound = CppWrapperGpu.max_cuda_graphs
+        with torch.no_grad(), config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            for rows in (8, 16, 8, 16, 8, 16, 24, 24, 24):
+                x = torch.randn(rows, 64, device="cuda")
+                self.assertEqual(compiled(x, w), fn(x, w), atol=1e-3, rtol=1e-3)
+            (module,) = [m for m in PyCodeCache.modules[before:] if hasattr(m, "call")]
+            self.assertIn("One per set of sizes of inputs", module.wrapper_src)
+            states = module._module.cuda_graph_states
+            self.assertEqual(states(), ["ready"] * 3)
+            for rows in range(32, 32 + bound):  # one size more than the bound
+                x = torch.randn(rows, 64, device="cuda")
+                for _ in range(3):
+                    self.assertEqual(compiled(x, w), fn(x, w), atol=1e-3, rtol=1e-3)
+            self.assertEqual(states(), ["ready"] * bound)
 
     def test_attention_without_dropout_is_replayed(self) -> None:
         def attend(q, k, v):

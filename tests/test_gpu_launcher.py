@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import sympy
 import torch
 from torch._inductor.test_case import TestCase, run_tests
 
@@ -179,51 +180,72 @@ class TestLauncherCompiles(TestCase):
 
     def test_module_replayed_as_a_cuda_graph_compiles(self) -> None:
         # The entry point CppWrapperGpu writes for a graph it may replay as one
-        # CUDA graph, around a stand-in body, built against our headers.
-        wrapper = object.__new__(gpu.CppWrapperGpu)
-        wrapper.__dict__["cuda_graph_blocker"] = None
-        wrapper.output_kinds = ["tensor"]
-        wrapper.get_graph_input_names = lambda: ["arg0_1", "arg1_1"]  # type: ignore[method-assign]
-        opening = wrapper.call_opening()
-        body_opening = wrapper.body_opening()
-        self.assertIn("static cppwrap::cuda::GraphReplay cuda_graph(2, 1);", opening)
-        self.assertIn(
-            "if (replayed != cppwrap::cuda::GraphReplay::kReplayed) {", body_opening
-        )
-        # The first two calls go through cuda_graphs (warm-up, capture).
-        self.assertIn(
-            "        PyObject* outputs = cuda_graph.prepare(args, run_kernels);",
-            opening,
-        )
-        source = "\n".join(
-            [
-                *(f'#include "{h}"' for h in gpu.CppWrapperGpu.runtime_headers),
-                "CPPWRAP_MODULE_STATE()",
-                *opening,
-                "  if (!cppwrap::check_args(args, 2)) return nullptr;",
-                "  cppwrap::Tensor arg0_1, arg1_1;",
-                '  if (!cppwrap::unpack_tensor(args, 0, arg0_1, "arg0_1") ||',
-                '      !cppwrap::unpack_tensor(args, 1, arg1_1, "arg1_1")) return nullptr;',
-                "  cppwrap::clear_args(args);",
-                "  cppwrap::Tensor out0;",
-                "  try {",
-                "    cppwrap::GilRelease nogil;",
-                *body_opening,
-                "      cppwrap::cuda::DeviceGuard device_guard(0);",
-                "      out0 = std::move(arg0_1);",
-                "    }",
-                "  } catch (...) {",
-                "    return cppwrap::raise_current();",
-                "  }",
-                "  return cppwrap::pack_outputs<1>({cppwrap::output(out0)});",
-                "}",
-                *wrapper.module_definition(),
-            ]
-        )
-        with tempfile.TemporaryDirectory() as tmp:
-            (Path(tmp) / "wrapper.cpp").write_text(source)
-            wrapper = codecache.toolchain().wrapper_compile("cuda", "wrapper.cpp")
-            self.assertTrue(wrapper.run(Path(tmp), Path(tmp) / "wrapper.cpp").is_file())
+        # CUDA graph, around a stand-in body, built against our headers: for
+        # fixed shapes, and for dynamic ones (one graph per value of input 2,
+        # an int, and per size of input 0).
+        for keys, n_graphs in (([], 1), ([0, 2], gpu.CppWrapperGpu.max_cuda_graphs)):
+            wrapper = object.__new__(gpu.CppWrapperGpu)
+            wrapper.__dict__["cuda_graph_blocker"] = None
+            wrapper.output_kinds = ["tensor"]
+            wrapper.get_graph_input_names = lambda: ["arg0_1", "arg1_1", "s0"]  # type: ignore[method-assign]
+            wrapper.get_graph_inputs = lambda: {  # type: ignore[method-assign]
+                "arg0_1": None,
+                "arg1_1": None,
+                "s0": sympy.Symbol("s0", integer=True),
+            }
+            wrapper.cuda_graph_key_inputs = lambda keys=keys: keys  # type: ignore[method-assign]
+            opening = wrapper.call_opening()
+            body_opening = wrapper.body_opening()
+            self.assertIn(
+                "static cppwrap::cuda::GraphReplays cuda_graphs(3, 1, "
+                f"{{{', '.join(map(str, keys))}}}, {n_graphs});",
+                opening,
+            )
+            # The first two calls go through cuda_graphs (warm-up, capture).
+            self.assertIn(
+                "        PyObject* outputs = cuda_graph->prepare(args, run_kernels);",
+                opening,
+            )
+            self.assertIn(
+                "const cppwrap::Tensor* const graph_inputs[] = {&arg0_1, &arg1_1, nullptr};",
+                body_opening,
+            )
+            self.assertIn(
+                "if (replayed != cppwrap::cuda::GraphReplay::kReplayed) {", body_opening
+            )
+            source = "\n".join(
+                [
+                    *(f'#include "{h}"' for h in gpu.CppWrapperGpu.runtime_headers),
+                    "CPPWRAP_MODULE_STATE()",
+                    *opening,
+                    "  if (!cppwrap::check_args(args, 3)) return nullptr;",
+                    "  cppwrap::Tensor arg0_1, arg1_1;",
+                    "  int64_t s0 = 0;",
+                    '  if (!cppwrap::unpack_tensor(args, 0, arg0_1, "arg0_1") ||',
+                    '      !cppwrap::unpack_tensor(args, 1, arg1_1, "arg1_1") ||',
+                    '      !cppwrap::unpack_int(args, 2, s0, "s0")) return nullptr;',
+                    "  cppwrap::clear_args(args);",
+                    "  cppwrap::Tensor out0;",
+                    "  try {",
+                    "    cppwrap::GilRelease nogil;",
+                    *body_opening,
+                    "      cppwrap::cuda::DeviceGuard device_guard(0);",
+                    "      out0 = std::move(arg0_1);",
+                    "    }",
+                    "  } catch (...) {",
+                    "    return cppwrap::raise_current();",
+                    "  }",
+                    "  return cppwrap::pack_outputs<1>({cppwrap::output(out0)});",
+                    "}",
+                    *wrapper.module_definition(),
+                ]
+            )
+            with tempfile.TemporaryDirectory() as tmp:
+                (Path(tmp) / "wrapper.cpp").write_text(source)
+                build = codecache.toolchain().wrapper_compile("cuda", "wrapper.cpp")
+                self.assertTrue(
+                    build.run(Path(tmp), Path(tmp) / "wrapper.cpp").is_file()
+                )
 
 
 if __name__ == "__main__":

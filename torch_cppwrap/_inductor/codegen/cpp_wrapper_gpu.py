@@ -216,8 +216,8 @@ def tuned_kernel_from_autotuner(name: str, autotuner: Any) -> TunedKernel:
     )
 
 
-def _has_symbols(exprs: Sequence[Any]) -> bool:
-    return any(getattr(e, "free_symbols", None) for e in exprs)
+def _free_symbols(exprs: Sequence[Any]) -> set[sympy.Symbol]:
+    return set().union(*(getattr(e, "free_symbols", ()) for e in exprs))
 
 
 def _draws_random_numbers(node: torch.fx.Node) -> bool:
@@ -389,8 +389,17 @@ class CppWrapperGpu(CppWrapperCpu):
         if V.graph.device_types - {"cuda"}:
             return "not every tensor is on the GPU"
         inputs = self.get_graph_inputs()
+        # The symbols the inputs bind: a graph is captured once per set of
+        # their values (GraphReplays).  A buffer sized by any other symbol
+        # has a size only known once the graph has run.
+        bound: set[sympy.Symbol] = set()
         for name in self.get_graph_input_names():
             value = inputs[name]
+            if isinstance(value, sympy.Expr):
+                if not value.is_integer:
+                    return f"input {name} is a float"
+                bound |= value.free_symbols
+                continue
             if not isinstance(value, ir.IRNode) or name in self.input_objects:
                 return f"input {name} is not a tensor"
             device = value.get_device()
@@ -400,16 +409,15 @@ class CppWrapperGpu(CppWrapperCpu):
                 shape = [*value.get_size(), *value.get_stride()]
             except (AttributeError, NotImplementedError, AssertionError):
                 return f"input {name} has no fixed layout"
-            if _has_symbols(shape):
-                return f"input {name} has a symbolic shape"
+            bound |= _free_symbols(shape)
         for buffer in V.graph.buffers:
             try:
                 layout = buffer.get_layout()
                 shape = [*layout.size, *layout.stride]
             except (AttributeError, NotImplementedError, AssertionError):
                 continue
-            if _has_symbols(shape):
-                return f"buffer {buffer.get_name()} has a symbolic shape"
+            if _free_symbols(shape) - bound:
+                return f"buffer {buffer.get_name()} has a data-dependent shape"
         if V.graph.mutated_inputs & OrderedSet(self.get_graph_input_names()):
             return "the graph mutates an input"
         for node in V.graph.graph.nodes:
@@ -425,18 +433,42 @@ class CppWrapperGpu(CppWrapperCpu):
     def body_opening(self) -> list[str]:
         if self.cuda_graph_blocker is not None:
             return []
-        inputs = ", ".join(f"&{name}" for name in self.get_graph_input_names())
+        graph_inputs = self.get_graph_inputs()
+        inputs = ", ".join(
+            "nullptr" if isinstance(graph_inputs[name], sympy.Expr) else f"&{name}"
+            for name in self.get_graph_input_names()
+        )
         outputs = ", ".join(f"&out{i}" for i in range(len(self.output_kinds)))
         return [
             f"const cppwrap::Tensor* const graph_inputs[] = {{{inputs}}};",
             f"cppwrap::Tensor* const graph_outputs[] = {{{outputs}}};",
-            "const auto replayed = replayable",
-            "    ? cuda_graph.replay(graph_inputs, graph_outputs)",
+            "const auto replayed = cuda_graph != nullptr",
+            "    ? cuda_graph->replay(graph_inputs, graph_outputs)",
             "    : cppwrap::cuda::GraphReplay::kSkipped;",
             "if (replayed != cppwrap::cuda::GraphReplay::kReplayed) {",
             "    if (replayed == cppwrap::cuda::GraphReplay::kMissed) "
-            "cuda_graph.observe(graph_inputs);",
+            "cuda_graph->observe(graph_inputs);",
         ]
+
+    # Graphs captured at most for one graph compiled for dynamic shapes, one
+    # per set of sizes; later sizes run kernel by kernel.  As many as
+    # cudagraph trees record before they warn.
+    max_cuda_graphs = 8
+
+    def cuda_graph_key_inputs(self) -> list[int]:
+        """The positions of the inputs whose values (ints) or sizes and
+        strides (tensors) tell the graphs of a dynamic-shape graph apart."""
+        inputs = self.get_graph_inputs()
+        keys = []
+        for index, name in enumerate(self.get_graph_input_names()):
+            value = inputs[name]
+            if isinstance(value, sympy.Expr):
+                symbolic = bool(value.free_symbols)
+            else:
+                symbolic = bool(_free_symbols([*value.get_size(), *value.get_stride()]))
+            if symbolic:
+                keys.append(index)
+        return keys
 
     def call_opening(self) -> list[str]:
         if self.cuda_graph_blocker is not None:
@@ -449,11 +481,21 @@ class CppWrapperGpu(CppWrapperCpu):
             counters["inductor"]["cppwrap_cuda_graph_skips"] += 1
             return super().call_opening()
         n_inputs = len(self.get_graph_input_names())
-        return [
+        keys = self.cuda_graph_key_inputs()
+        lines = [
             "// Warmed up on the first call, captured on the second and replayed as",
             "// one CUDA graph from the third on; see GraphReplay.",
-            f"static cppwrap::cuda::GraphReplay cuda_graph({n_inputs}, "
-            f"{len(self.output_kinds)});",
+        ]
+        if keys:
+            lines += [
+                f"// One per set of sizes of inputs {', '.join(map(str, keys))}, "
+                f"{self.max_cuda_graphs} at most.",
+            ]
+        return [
+            *lines,
+            f"static cppwrap::cuda::GraphReplays cuda_graphs({n_inputs}, "
+            f"{len(self.output_kinds)}, {{{', '.join(map(str, keys))}}}, "
+            f"{self.max_cuda_graphs if keys else 1});",
             "",
             "static PyObject* run(PyObject* args, bool replayable);",
             "",
@@ -463,8 +505,10 @@ class CppWrapperGpu(CppWrapperCpu):
             "}",
             "",
             "static PyObject* run(PyObject* args, bool replayable) {",
-            "    if (replayable && cuda_graph.should_prepare()) {",
-            "        PyObject* outputs = cuda_graph.prepare(args, run_kernels);",
+            "    cppwrap::cuda::GraphReplay* const cuda_graph =",
+            "        replayable ? cuda_graphs.select(args) : nullptr;",
+            "    if (cuda_graph != nullptr && cuda_graph->should_prepare()) {",
+            "        PyObject* outputs = cuda_graph->prepare(args, run_kernels);",
             "        if (outputs != Py_None) return outputs;",
             "        Py_DECREF(outputs);",
             "    }",

@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -69,6 +71,10 @@ class GraphReplay {
     return now == kWarmup || now == kCapture;
   }
 
+  // `inputs` (in replay and observe) has one entry per graph input: the
+  // tensor, or nullptr for an int input (whose value the graph was captured
+  // with; GraphReplays keeps one graph per value).
+
   // Called on every call that missed a replay and ran the kernels one by
   // one.  In the warm-up state (a first call that did not warm up: another
   // warm-up held the pool) it notes the inputs' addresses, so the next call
@@ -84,7 +90,7 @@ class GraphReplay {
     std::lock_guard<std::mutex> lock(mutex_);
     if (state() == kWarmup) {
       for (size_t i = 0; i < first_ptrs_.size(); ++i) {
-        first_ptrs_[i] = inputs[i]->data_ptr();
+        first_ptrs_[i] = inputs[i] != nullptr ? inputs[i]->data_ptr() : nullptr;
       }
       state_.store(kCapture, std::memory_order_release);
       return;
@@ -94,6 +100,9 @@ class GraphReplay {
     }
     bool same = true;
     for (size_t i = 0; i < first_ptrs_.size(); ++i) {
+      if (inputs[i] == nullptr) {
+        continue;
+      }
       void* ptr = inputs[i]->data_ptr();
       if (!inputs_[i].buffer.defined() && ptr != first_ptrs_[i]) {
         same = false;
@@ -145,7 +154,8 @@ class GraphReplay {
       return kMissed;
     }
     for (size_t i = 0; i < inputs_.size(); ++i) {
-      if (!inputs_[i].buffer.defined() && inputs[i]->data_ptr() != inputs_[i].captured) {
+      if (inputs[i] != nullptr && !inputs_[i].buffer.defined() &&
+          inputs[i]->data_ptr() != inputs_[i].captured) {
         return kMissed;
       }
     }
@@ -457,19 +467,140 @@ class GraphReplay {
   void* stream_ = nullptr;
 };
 
+// One graph's replays, one per set of sizes.  A graph compiled for dynamic
+// shapes is captured once for each set of values that its symbolic sizes
+// take, as cudagraph trees record one graph per size, up to `max_graphs`;
+// calls with sizes beyond those run kernel by kernel.  The sets are told
+// apart by the sizes and strides of the inputs that have symbolic ones, and
+// the values of the int inputs (`key_inputs`).  A graph of fixed shapes has
+// no key inputs and one replay.  Used with the GIL held.
+class GraphReplays {
+ public:
+  GraphReplays(
+      size_t n_inputs,
+      size_t n_outputs,
+      std::initializer_list<Py_ssize_t> key_inputs,
+      size_t max_graphs)
+      : n_inputs_(n_inputs), n_outputs_(n_outputs), key_inputs_(key_inputs), max_graphs_(max_graphs) {
+    entries_.push_back({{}, std::make_unique<GraphReplay>(n_inputs, n_outputs)});
+  }
+  GraphReplays(const GraphReplays&) = delete;
+  GraphReplays& operator=(const GraphReplays&) = delete;
+
+  // Before the inputs are unpacked: the replay for this call's sizes, or
+  // nullptr (the call runs kernel by kernel; a malformed argument list is
+  // left for the unpacking to report).
+  GraphReplay* select(PyObject* args) {
+    if (key_inputs_.empty()) {
+      return entries_.front().replay.get();
+    }
+    std::vector<int64_t>& key = scratch_;
+    if (!read_key(args, key)) {
+      return nullptr;
+    }
+    // The first entry is made before any key is known: it takes the first.
+    Entry& first = entries_.front();
+    if (!first.keyed) {
+      first.key = key;
+      first.keyed = true;
+      return first.replay.get();
+    }
+    for (Entry& entry : entries_) {
+      if (entry.key == key) {
+        return entry.replay.get();
+      }
+    }
+    if (entries_.size() >= max_graphs_) {
+      return nullptr;
+    }
+    entries_.push_back({key, std::make_unique<GraphReplay>(n_inputs_, n_outputs_), true});
+    return entries_.back().replay.get();
+  }
+
+  size_t size() const {
+    return entries_.size();
+  }
+  const GraphReplay& at(size_t i) const {
+    return *entries_[i].replay;
+  }
+
+ private:
+  struct Entry {
+    std::vector<int64_t> key;
+    std::unique_ptr<GraphReplay> replay;
+    bool keyed = false;
+  };
+
+  // Each key input's value (an int) or rank, sizes and strides (a tensor).
+  bool read_key(PyObject* args, std::vector<int64_t>& key) const {
+    key.clear();
+    if (!PyList_Check(args)) {
+      return false;
+    }
+    for (Py_ssize_t i : key_inputs_) {
+      if (i >= PyList_GET_SIZE(args)) {
+        return false;
+      }
+      PyObject* obj = PyList_GET_ITEM(args, i);
+      if (PyLong_Check(obj)) {
+        const long long value = PyLong_AsLongLong(obj);
+        if (value == -1 && PyErr_Occurred()) {
+          PyErr_Clear();
+          return false;
+        }
+        key.push_back(value);
+        continue;
+      }
+      Input probe;
+      if (api->borrow(obj, probe.slot(), "graph input") != 0) {
+        PyErr_Clear();
+        return false;
+      }
+      probe.set_borrowed();
+      const int64_t ndim = api->dim(probe.slot());
+      key.push_back(ndim);
+      key.insert(key.end(), probe.sizes(), probe.sizes() + ndim);
+      key.insert(key.end(), probe.strides(), probe.strides() + ndim);
+    }
+    return true;
+  }
+
+  const size_t n_inputs_;
+  const size_t n_outputs_;
+  const std::vector<Py_ssize_t> key_inputs_;
+  const size_t max_graphs_;
+  std::vector<Entry> entries_;  // only ever grows: a selected replay stays put
+  std::vector<int64_t> scratch_;
+};
+
 }  // namespace cuda
 }  // namespace cppwrap
 
 // The module definition of a CUDA graph that may be replayed as one CUDA
-// graph: `call` and `cuda_graph_state`.  Expects a
-// `cppwrap::cuda::GraphReplay cuda_graph` defined.
+// graph: `call`, `cuda_graph_state` and `cuda_graph_states`.  Expects a
+// `cppwrap::cuda::GraphReplays cuda_graphs` defined.
 #define CPPWRAP_CUDA_DEFINE_GRAPH_MODULE(doc)                                   \
-  static PyObject* cppwrap_graph_state(PyObject*, PyObject*) {                  \
+  static const char* cppwrap_graph_state_name(size_t i) {                       \
     static const char* const names[] = {                                        \
         "warmup", "capture", "capturing", "ready", "off"};                      \
-    return PyUnicode_FromString(names[cuda_graph.state()]);                     \
+    return names[cuda_graphs.at(i).state()];                                    \
+  }                                                                             \
+  static PyObject* cppwrap_graph_state(PyObject*, PyObject*) {                  \
+    return PyUnicode_FromString(cppwrap_graph_state_name(0));                   \
+  }                                                                             \
+  static PyObject* cppwrap_graph_states(PyObject*, PyObject*) {                 \
+    PyObject* states = PyList_New(static_cast<Py_ssize_t>(cuda_graphs.size())); \
+    for (size_t i = 0; states != nullptr && i < cuda_graphs.size(); ++i) {      \
+      PyList_SET_ITEM(                                                          \
+          states, static_cast<Py_ssize_t>(i),                                   \
+          PyUnicode_FromString(cppwrap_graph_state_name(i)));                   \
+    }                                                                           \
+    return states;                                                              \
   }                                                                             \
   CPPWRAP_DEFINE_MODULE_WITH_METHODS(                                           \
       doc,                                                                      \
       {"cuda_graph_state", (PyCFunction)cppwrap_graph_state, METH_NOARGS,       \
-       "warmup, capture, capturing, ready (replaying) or off."}, )
+       "warmup, capture, capturing, ready (replaying) or off: the first "       \
+       "graph's."},                                                             \
+      {"cuda_graph_states", (PyCFunction)cppwrap_graph_states, METH_NOARGS,     \
+       "The state of each graph captured, one per set of sizes."}, )

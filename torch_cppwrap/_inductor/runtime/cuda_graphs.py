@@ -109,8 +109,9 @@ def _storage(t: torch.Tensor) -> int:
 # What the capture coroutine yields (the inputs to run the kernels on), is
 # sent (the kernels' outputs) and returns: this call's outputs, and the
 # arguments of GraphReplay::install (the graph, its executable, device and
-# stream, each input's buffer or None, the captured inputs' addresses, the
-# outputs in the graph's pool, and the bytes of every input and output).
+# stream, each input's buffer or None, the captured inputs' addresses (0 for
+# an int), the outputs in the graph's pool, and the bytes of every input and
+# output).
 Capture = Generator[
     list[torch.Tensor], Sequence[Any], "tuple[tuple[Any, ...], tuple[Any, ...]] | None"
 ]
@@ -132,11 +133,24 @@ def _why_not_capture(args: list[Any]) -> str | None:
         return "the call is being captured by another CUDA graph"
     if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
         return "this torch cannot hand a CUDA graph to C++"
-    if not all(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+    tensors = _tensors(args)
+    if len(tensors) + sum(type(a) is int for a in args) != len(args):
+        return "an input is neither a tensor nor an int"
+    if not tensors or not all(t.is_cuda for t in tensors):
         return "an input is not a CUDA tensor"
-    if any(a.device != args[0].device for a in args):
+    if any(t.device != tensors[0].device for t in tensors):
         return "the inputs are on several devices"
     return None
+
+
+def _tensors(args: Sequence[Any]) -> list[torch.Tensor]:
+    return [a for a in args if isinstance(a, torch.Tensor)]
+
+
+def _address(arg: Any) -> int:
+    """Where a tensor input lies; 0 for an int input (a size the graph was
+    captured for)."""
+    return arg.data_ptr() if isinstance(arg, torch.Tensor) else 0
 
 
 def warm_up(args: list[Any]) -> WarmUp:
@@ -153,7 +167,7 @@ def warm_up(args: list[Any]) -> WarmUp:
         log.debug("torch_cppwrap: no CUDA graph: %s", why)
         return None
     inputs = list(args)  # the module's call may clear the list it is given
-    device = inputs[0].device
+    device = _tensors(inputs)[0].device
     stream = torch.cuda.current_stream(device)
     try:
         pool = _memory_pool(device, stream)
@@ -172,11 +186,11 @@ def warm_up(args: list[Any]) -> WarmUp:
                 outputs = yield list(inputs)
         finally:
             stream.wait_stream(side)
-        results = _copied_out(outputs, inputs)
+        results = _copied_out(outputs, _tensors(inputs))
         # The pool may give the outputs' memory to the capture stream again
         # once they are freed: only after the copies have read them.
         side.wait_stream(stream)
-    return results, [a.data_ptr() for a in inputs]
+    return results, [_address(a) for a in inputs]
 
 
 def _copied_out(
@@ -229,11 +243,11 @@ def capture(args: list[Any], first_ptrs: list[int]) -> Capture:
 def _capture(args: list[Any], first_ptrs: list[int]) -> Capture:
     if len(args) != len(first_ptrs):
         return None
-    device = args[0].device
+    device = _tensors(args)[0].device
     buffers: list[torch.Tensor | None] = []
-    graph_inputs: list[torch.Tensor] = []
+    graph_inputs: list[Any] = []
     for arg, first in zip(args, first_ptrs, strict=True):
-        if arg.data_ptr() == first:
+        if not isinstance(arg, torch.Tensor) or arg.data_ptr() == first:
             buffers.append(None)
             graph_inputs.append(arg)
             continue
@@ -270,7 +284,7 @@ def _capture(args: list[Any], first_ptrs: list[int]) -> Capture:
         ):
             outputs = tuple((yield list(graph_inputs)))
 
-    input_storages = {_storage(t) for t in graph_inputs}
+    input_storages = {_storage(t) for t in _tensors(graph_inputs)}
     output_storages = [
         _storage(t) if isinstance(t, torch.Tensor) else None for t in outputs
     ]
@@ -300,7 +314,8 @@ def _capture(args: list[Any], first_ptrs: list[int]) -> Capture:
         device.index,
         stream.cuda_stream,
         buffers,
-        [t.data_ptr() for t in graph_inputs],
+        [_address(a) for a in graph_inputs],
         list(outputs),
-        [_nbytes(t) for t in graph_inputs] + [_nbytes(t) for t in outputs],
+        [_nbytes(a) if isinstance(a, torch.Tensor) else 0 for a in graph_inputs]
+        + [_nbytes(t) for t in outputs],
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import sympy
@@ -14,6 +15,7 @@ from torch._inductor.test_case import TestCase, run_tests
 
 from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codegen import cpp_wrapper_gpu as gpu
+from torch_cppwrap._inductor.graph import _wrapper_device_type
 
 FAKE_CUBIN = b"\x7fELF stand-in for a cubin \x00\x01\x02"
 
@@ -138,6 +140,22 @@ class TestRandomDraws(TestCase):
         ):
             self.assertTrue(gpu._draws_random_numbers(node), node.target)
         self.assertFalse(gpu._draws_random_numbers(self.node(aten.add.Tensor)))
+
+
+class TestPrefetch(TestCase):
+    def test_prefetch_is_for_the_device_the_wrapper_is_for(self) -> None:
+        # A CUDA graph's compile prefetches the CUDA wrapper's header, not
+        # the CPU one's and Inductor's kernel header (GraphLowering says
+        # "cpu" until its codegen starts).
+        for device_types, expected in (
+            ({"cuda"}, "cuda"),
+            ({"cpu", "cuda"}, "cuda"),
+            ({"cpu"}, "cpu"),
+            ({"meta"}, "cpu"),
+            (set(), "cpu"),
+        ):
+            graph = SimpleNamespace(device_types=device_types, device_type="cpu")
+            self.assertEqual(_wrapper_device_type(graph), expected, device_types)
 
 
 class TestLauncherCompiles(TestCase):

@@ -35,6 +35,14 @@ def _uses_our_wrapper(graph: Any) -> bool:
     return bool(graph.cpp_wrapper) and not graph.aot_mode
 
 
+def _wrapper_device_type(graph: Any) -> str:
+    """The device type the graph's wrapper will be generated for, as
+    ``init_wrapper_code`` picks it: ``graph.device_type`` itself reads "cpu"
+    until the codegen starts."""
+    device_types = set(graph.device_types) - {"cpu", "meta"}
+    return device_types.pop() if len(device_types) == 1 else "cpu"
+
+
 def _reset_for_codegen(graph: Any) -> None:
     """Forgets what one codegen pass decided, as upstream does between the
     two passes of an AOTInductor compile, so that another pass starts clean."""
@@ -51,7 +59,7 @@ def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:
 
     def _compile_to_module(graph: Any) -> Any:
         if _uses_our_wrapper(graph):
-            codecache.prefetch(graph.device_type)
+            codecache.prefetch(_wrapper_device_type(graph))
         if not _uses_our_wrapper(graph) or config.strict:
             return original(graph)
         try:

@@ -155,7 +155,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         x = torch.randn(32, 256, device="cuda")
         with torch.no_grad():
             compiled, module, source = self.compile_module(model, (x,))
-            self.assertIn("static cppwrap::cuda::GraphReplay cuda_graph(", source)
+            self.assertIn("static cppwrap::cuda::GraphReplays cuda_graphs(", source)
             # The compile ran call 1; call 2 captures.
             self.assertEqual(module.cuda_graph_state(), "capture")
             outs = []

@@ -786,14 +786,13 @@ def run_bench(
     `rounds` rounds of warm compile + timing per mode.  `on_record` gets the
     report so far after each round, so an interrupted run keeps its rows.
 
-    With `jobs` > 1, that many workloads run side by side, but the warm
-    processes (which time) still run one at a time: only cold compiles
-    overlap, each other and a timing run."""
+    With `jobs` > 1, the cold compiles of that many workloads run side by
+    side first; the warm processes (which time) then run one at a time, with
+    nothing else running beside them."""
     by_workload: dict[str, list[dict[str, Any]]] = {}
     steps = len(workloads) * len(modes) * (1 + rounds)
     step = 0
     lock = threading.Lock()  # the counters, the records and on_record
-    timing = threading.Lock() if jobs > 1 else contextlib.nullcontext()
 
     def run(
         workload: str, mode: str, phase: str, cache_dir: str, round_: int = 0
@@ -822,41 +821,39 @@ def run_bench(
     def records_so_far() -> list[dict[str, Any]]:
         return [r for w in workloads for r in by_workload.get(w, [])]
 
-    def bench_workload(workload: str) -> None:
-        cache_dirs = {
+    cache_dirs: dict[str, dict[str, str]] = {}
+
+    def cold_workload(workload: str) -> dict[str, dict[str, Any]]:
+        cache_dirs[workload] = {
             mode: tempfile.mkdtemp(prefix=f"cppwrap-bench-{workload}-{mode}-")
             for mode in modes
         }
-        cold: dict[str, dict[str, Any]] = {}
+        return {
+            mode: run(workload, mode, "cold", cache_dirs[workload][mode])
+            for mode in modes
+        }
+
+    def warm_workload(workload: str, cold: dict[str, dict[str, Any]]) -> None:
         warm: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
-        try:
-            for mode in modes:
-                cold[mode] = run(workload, mode, "cold", cache_dirs[mode])
-            # Timing rounds alternate the order of the modes, so that a slow
-            # spell of the machine does not land on one mode only.
-            for round_ in range(rounds):
-                for mode in modes if round_ % 2 == 0 else list(reversed(modes)):
-                    with timing:
-                        warm[mode].append(
-                            run(workload, mode, "warm", cache_dirs[mode], round_)
-                        )
-                with lock:
-                    by_workload[workload] = [
-                        {
-                            **_merge(
-                                workload, mode, cold[mode], _best_round(warm[mode])
-                            ),
-                            "warm_rounds": list(warm[mode]),
-                        }
-                        for mode in modes
-                    ]
-                    if on_record is not None:
-                        on_record(
-                            _report(device, quick, workloads, modes, records_so_far())
-                        )
-        finally:
-            for cache_dir in cache_dirs.values():
-                shutil.rmtree(cache_dir, ignore_errors=True)
+        # Timing rounds alternate the order of the modes, so that a slow
+        # spell of the machine does not land on one mode only.
+        for round_ in range(rounds):
+            for mode in modes if round_ % 2 == 0 else list(reversed(modes)):
+                warm[mode].append(
+                    run(workload, mode, "warm", cache_dirs[workload][mode], round_)
+                )
+            with lock:
+                by_workload[workload] = [
+                    {
+                        **_merge(workload, mode, cold[mode], _best_round(warm[mode])),
+                        "warm_rounds": list(warm[mode]),
+                    }
+                    for mode in modes
+                ]
+                if on_record is not None:
+                    on_record(
+                        _report(device, quick, workloads, modes, records_so_far())
+                    )
 
     extra_env: dict[str, str] = {}
     installed = None
@@ -868,12 +865,18 @@ def run_bench(
     try:
         if jobs > 1:
             with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-                for future in [pool.submit(bench_workload, w) for w in workloads]:
-                    future.result()
+                colds = dict(
+                    zip(workloads, pool.map(cold_workload, workloads), strict=True)
+                )
+            for workload in workloads:
+                warm_workload(workload, colds[workload])
         else:
             for workload in workloads:
-                bench_workload(workload)
+                warm_workload(workload, cold_workload(workload))
     finally:
+        for dirs in cache_dirs.values():
+            for cache_dir in dirs.values():
+                shutil.rmtree(cache_dir, ignore_errors=True)
         if installed is not None:
             shutil.rmtree(installed, ignore_errors=True)
     return _report(device, quick, workloads, modes, records_so_far())
@@ -1224,8 +1227,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs",
         type=int,
         default=1,
-        help="workloads run side by side (their cold compiles overlap; timing "
-        "runs one at a time); default 1",
+        help="workloads whose cold compiles run side by side, before any "
+        "timing (which runs one at a time, alone); default 1",
     )
     parser.add_argument(
         "--threads",

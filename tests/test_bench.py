@@ -200,7 +200,7 @@ class TestReport(TestCase):
         self.assertIn("| seed | upstream | yes | 1.00 | 1.00 | 3.0 | 2.0 |", text)
         self.assertIn("- rounds: 1 (warm processes per mode", text)
 
-    def test_jobs_overlap_cold_compiles_but_time_one_at_a_time(self) -> None:
+    def test_jobs_overlap_cold_compiles_and_time_alone(self) -> None:
         import threading
         import time
         from unittest import mock
@@ -208,11 +208,14 @@ class TestReport(TestCase):
         lock = threading.Lock()
         running = {"cold": 0, "warm": 0}
         most = {"cold": 0, "warm": 0}
+        timed_beside_a_compile = []
 
         def worker(workload, mode, phase, **kwargs):
             with lock:
                 running[phase] += 1
                 most[phase] = max(most[phase], running[phase])
+                if running["warm"] and running["cold"]:
+                    timed_beside_a_compile.append((workload, mode, phase))
             time.sleep(0.2)
             with lock:
                 running[phase] -= 1
@@ -232,6 +235,8 @@ class TestReport(TestCase):
             )
         self.assertEqual(most["warm"], 1)
         self.assertGreater(most["cold"], 1)
+        # Nothing compiles while a warm process times its calls.
+        self.assertEqual(timed_beside_a_compile, [])
         # The rows keep the order the workloads were asked for in.
         self.assertEqual(
             [r["workload"] for r in report["results"]],

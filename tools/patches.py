@@ -960,19 +960,27 @@ SERIES: tuple[Patch, ...] = (
         files=("_inductor/runtime/cppwrap_cuda.h",),
     ),
     Patch(
+        "Warm up and capture a CUDA wrapper module's graph",
+        """cppwrap_cuda_graphs.warm_up and .capture are coroutines that a
+        module's C++ drives: they hold torch's side of a CUDA graph (the
+        memory pool the graphs of a stream share, the capture stream and the
+        torch.cuda.CUDAGraph) and yield the inputs for C++ to run the
+        kernels on, so nothing calls back into the module.  The warm-up runs
+        in the pool, whose memory the capture then reuses.
+
+        Nothing uses them yet.""",
+        files=("_inductor/runtime/cuda_graphs.py",),
+    ),
+    Patch(
         "Replay a CUDA wrapper module's graph as one CUDA graph",
-        """A graph whose inputs and outputs are CUDA tensors of fixed shapes
-        is captured on its second call and replayed from C++, with no Python,
-        from the third.  cppwrap::cuda::GraphReplay runs the kernels of the
-        capture itself; cppwrap_cuda_graphs.capture, a coroutine it drives,
-        holds torch's side (the memory pool, the capture stream and the
-        torch.cuda.CUDAGraph), so nothing calls back into the module.
+        """A graph whose inputs and outputs are CUDA tensors is warmed up on
+        its first call, captured on its second (cppwrap::cuda::GraphReplay
+        runs the kernels at each step of cppwrap_cuda_graphs' coroutines)
+        and replayed from C++, with no Python, from the third; a graph
+        compiled for dynamic shapes once per set of sizes (GraphReplays).
 
         Nothing uses it yet.""",
-        files=(
-            "_inductor/runtime/cppwrap_cuda_graph.h",
-            "_inductor/runtime/cuda_graphs.py",
-        ),
+        files=("_inductor/runtime/cppwrap_cuda_graph.h",),
     ),
     Patch(
         "Add a C++ wrapper for JIT graphs on CUDA",

@@ -749,7 +749,12 @@ def _merge(
         if "error" in r
     ]
     record["error"] = "; ".join(errors) or None
-    record["ok"] = None if errors else bool(cold.get("ok") and warm.get("ok"))
+    # `warm` is empty until the mode's first warm process (timing) is done:
+    # a run stopped before then keeps its cold compile.
+    record["timed"] = bool(warm)
+    record["ok"] = (
+        None if errors else bool(cold.get("ok") and (warm.get("ok") if warm else True))
+    )
     record["cold_compile_s"] = cold.get("compile_s")
     record["warm_compile_s"] = warm.get("compile_s")
     for key in (
@@ -823,15 +828,41 @@ def run_bench(
 
     cache_dirs: dict[str, dict[str, str]] = {}
 
+    def record(
+        workload: str,
+        cold: dict[str, dict[str, Any]],
+        warm: dict[str, list[dict[str, Any]]],
+    ) -> None:
+        """The workload's rows so far (a mode not timed yet has its cold
+        compile only), handed to on_record: a run stopped by a time limit
+        keeps every step it finished."""
+        with lock:
+            by_workload[workload] = [
+                {
+                    **_merge(
+                        workload,
+                        mode,
+                        cold[mode],
+                        _best_round(warm[mode]) if warm[mode] else {},
+                    ),
+                    "warm_rounds": list(warm[mode]),
+                }
+                for mode in modes
+                if mode in cold
+            ]
+            if on_record is not None:
+                on_record(_report(device, quick, workloads, modes, records_so_far()))
+
     def cold_workload(workload: str) -> dict[str, dict[str, Any]]:
         cache_dirs[workload] = {
             mode: tempfile.mkdtemp(prefix=f"cppwrap-bench-{workload}-{mode}-")
             for mode in modes
         }
-        return {
-            mode: run(workload, mode, "cold", cache_dirs[workload][mode])
-            for mode in modes
-        }
+        cold: dict[str, dict[str, Any]] = {}
+        for mode in modes:
+            cold[mode] = run(workload, mode, "cold", cache_dirs[workload][mode])
+            record(workload, cold, {m: [] for m in modes})
+        return cold
 
     def warm_workload(workload: str, cold: dict[str, dict[str, Any]]) -> None:
         warm: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
@@ -842,18 +873,7 @@ def run_bench(
                 warm[mode].append(
                     run(workload, mode, "warm", cache_dirs[workload][mode], round_)
                 )
-            with lock:
-                by_workload[workload] = [
-                    {
-                        **_merge(workload, mode, cold[mode], _best_round(warm[mode])),
-                        "warm_rounds": list(warm[mode]),
-                    }
-                    for mode in modes
-                ]
-                if on_record is not None:
-                    on_record(
-                        _report(device, quick, workloads, modes, records_so_far())
-                    )
+                record(workload, cold, warm)
 
     extra_env: dict[str, str] = {}
     installed = None
@@ -1093,7 +1113,7 @@ def markdown(report: dict[str, Any]) -> str:
         for r in records
         if r["error"]
         or r["ok"] is False
-        or (r["error"] is None and not r["warm_fx_cache_hit"])
+        or (r["error"] is None and r.get("timed", True) and not r["warm_fx_cache_hit"])
     ]
     if failures:
         lines += ["", "## Problems", ""]

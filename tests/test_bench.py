@@ -200,6 +200,28 @@ class TestReport(TestCase):
         self.assertIn("| seed | upstream | yes | 1.00 | 1.00 | 3.0 | 2.0 |", text)
         self.assertIn("- rounds: 1 (warm processes per mode", text)
 
+    def test_a_run_stopped_while_timing_keeps_its_cold_compiles(self) -> None:
+        # Stopped at the first warm process: both cold compiles are written,
+        # with no timing, and are not reported as problems.
+        from pathlib import Path
+
+        calls = []
+
+        def worker(workload, mode, phase, **kwargs):
+            calls.append((mode, phase))
+            if phase == "warm":
+                raise KeyboardInterrupt  # stands in for the run being killed
+            return {"compile_s": 7.0, "ok": True}
+
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            with self.assertRaises(KeyboardInterrupt):
+                self._run_fake(worker, out, rounds=1)
+            text = (out / "bench.md").read_text()
+        self.assertIn("| seed | python | yes | 7.00 | - |", text)
+        self.assertIn("| seed | upstream | yes | 7.00 | - |", text)
+        self.assertNotIn("## Problems", text)
+
     def test_jobs_overlap_cold_compiles_and_time_alone(self) -> None:
         import threading
         import time

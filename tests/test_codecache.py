@@ -147,11 +147,7 @@ class TestCodeCache(TestCase):
 
     @staticmethod
     def tiny_header_build() -> codecache.Build:
-        from torch._inductor import cpp_builder
-
-        return codecache.Build(
-            "header", ("tiny.h",), cpp_builder.CppOptions(precompiling=True)
-        )
+        return codecache.Build("header", ("tiny.h",), (("precompiling", True),))
 
     def test_fresh_cache_starts_the_code_cache_afresh(self) -> None:
         source = IDENTITY_SOURCE % {"tag": "fresh"}
@@ -162,6 +158,46 @@ class TestCodeCache(TestCase):
                 paths.append(CppWrapperCodeCache.load(source).__file__)
                 self.assertTrue(paths[-1].startswith(cache_dir()))
         self.assertNotEqual(paths[0], paths[1])
+
+    def test_a_built_module_loads_without_working_out_build_options(self) -> None:
+        # What keys hash (the compile commands, the compiler's version) is
+        # kept in the cache per build environment, so a process that only
+        # loads built modules (an FX graph cache hit) neither runs the
+        # compiler nor makes cpp_builder's options, whose first use imports
+        # torch.utils.cpp_extension and setuptools.
+        source = IDENTITY_SOURCE % {"tag": "options"}
+        built = CppWrapperCodeCache.load(source)
+        CppWrapperCodeCache.cache_clear()
+        codecache._BuildMemo._entries.clear()  # as in a new process
+
+        def no_options(*args: object, **kwargs: object) -> None:
+            raise AssertionError("build options were worked out")
+
+        with (
+            mock.patch.object(codecache._compat, "build_options", no_options),
+            mock.patch.object(codecache.cpp_builder, "get_cpp_compiler", no_options),
+            mock.patch.object(codecache.Build, "run", no_compiler),
+        ):
+            again = CppWrapperCodeCache.load(source)
+            codecache.RuntimeExtension.artefact()
+        self.assertEqual(again.__file__, built.__file__)
+        # Another environment (a compiler flag in CXXFLAGS) has no record:
+        # its options are worked out, and give the same key here.
+        CppWrapperCodeCache.cache_clear()
+        real = codecache._compat.build_options
+        made: list[object] = []
+
+        def spy(*args: object, **kwargs: object) -> object:
+            made.append(kwargs)
+            return real(*args, **kwargs)
+
+        with (
+            mock.patch.dict(os.environ, {"CXXFLAGS": "-DCPPWRAP_TEST"}),
+            mock.patch.object(codecache._compat, "build_options", spy),
+            mock.patch.object(codecache.Build, "run", no_compiler),
+        ):
+            self.assertEqual(CppWrapperCodeCache.load(source).__file__, built.__file__)
+        self.assertTrue(made)
 
     def test_a_moved_cache_keeps_its_modules(self) -> None:
         # Keys hash content, not where the cache is: a copy of the cache

@@ -142,13 +142,9 @@ class TestInstalledRuntime(TestCase):
 
 class TestFirstBuildMessages(TestCase):
     def test_first_build_says_what_it_builds_and_how_long(self) -> None:
-        from torch._inductor import cpp_builder
-
         if not codecache._is_gcc():
             self.skipTest("precompiled headers are built with gcc only")
-        build = codecache.Build(
-            "header", ("tiny.h",), cpp_builder.CppOptions(precompiling=True)
-        )
+        build = codecache.Build("header", ("tiny.h",), (("precompiling", True),))
         messages = []
         with tempfile.TemporaryDirectory() as tmp:
             header = Path(tmp, "tiny.h")

@@ -378,10 +378,17 @@ class Build:
 
     name: str
     sources: tuple[str, ...]
-    options: Any  # a cpp_builder.BuildOptionsBase
+    # The keyword arguments of cpp_builder's options (see `options`).
+    spec: tuple[tuple[str, Any], ...]
     include_dirs: tuple[str, ...] = ()
     definitions: tuple[str, ...] = ()
     libraries: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def options(self) -> Any:
+        """cpp_builder's options for a CPU build with `spec`: made when a
+        command is needed, not to compute a key (see `fingerprint`)."""
+        return _compat.build_options(device_type="cpu", **dict(self.spec))
 
     def with_include_dir(self, directory: str | Path | None) -> Build:
         if directory is None:
@@ -420,12 +427,22 @@ class Build:
     def fingerprint(self) -> str:
         """The command without our include directories: what a key hashes.
         Those directories are cache paths or ours, and their content is
-        hashed on its own."""
-        return self.builder(include_dirs=()).get_command_line()
+        hashed on its own.  Remembered per build environment (see
+        `_BuildMemo`)."""
+        return _BuildMemo.get(
+            f"command {self._described()}",
+            lambda: self.builder(include_dirs=()).get_command_line(),
+        )
+
+    def _described(self) -> str:
+        spec = sorted((name, str(value)) for name, value in self.spec)
+        return repr((self.name, self.sources, spec, self.definitions, self.libraries))
 
     @property
     def output(self) -> str:
-        return self.builder().get_target_file_path()
+        return _BuildMemo.get(
+            f"output {self._described()}", lambda: self.builder().get_target_file_path()
+        )
 
     def run(self, build_dir: Path, source_path: str | Path) -> Path:
         """Runs the build in `build_dir`; returns the path of its output."""
@@ -461,11 +478,11 @@ class _Toolchain:
         return _compat.pick_vec_isa()
 
     @staticmethod
-    def _options(**kwargs: Any) -> Any:
+    def _options(**kwargs: Any) -> tuple[tuple[str, Any], ...]:
         from torch._inductor.cpu_vec_isa import invalid_vec_isa
 
         kwargs.setdefault("vec_isa", invalid_vec_isa)
-        return _compat.build_options(device_type="cpu", **kwargs)
+        return tuple(sorted(kwargs.items()))
 
     def wrapper_compile(
         self, device_type: str, source: str, *, precompiling: bool = False
@@ -528,9 +545,100 @@ def toolchain() -> _Toolchain:
         return _toolchain
 
 
-@functools.cache
 def _compiler_version() -> str:
-    return cpp_builder.get_compiler_version_info(cpp_builder.get_cpp_compiler())
+    return _BuildMemo.get(
+        "compiler version",
+        lambda: cpp_builder.get_compiler_version_info(cpp_builder.get_cpp_compiler()),
+    )
+
+
+# Environment variables that cpp_builder or the compiler read, by name and by
+# prefix: part of the build environment's stamp.
+_BUILD_ENV_NAMES = frozenset(
+    (
+        "CC",
+        "CXX",
+        "CFLAGS",
+        "CXXFLAGS",
+        "LDFLAGS",
+        "CPATH",
+        "C_INCLUDE_PATH",
+        "CPLUS_INCLUDE_PATH",
+        "LIBRARY_PATH",
+        "LD_LIBRARY_PATH",
+        "PATH",
+    )
+)
+_BUILD_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_", "CUDA", "ROCM", "CONDA")
+
+
+def _environment_stamp() -> str:
+    """A digest of what cpp_builder's options and the compiler's identity
+    follow: torch, Python, Inductor's config, the environment variables they
+    read, and the compilers that config names as found on the PATH (path,
+    size and modification time).  Cheap: nothing here runs the compiler."""
+    compilers = []
+    for name in (*inductor_config.cpp.cxx, os.environ.get("CXX")):
+        found = shutil.which(name) if name else None
+        if found:
+            real = os.path.realpath(found)
+            stat = os.stat(real)
+            compilers.append((name, real, stat.st_size, stat.st_mtime_ns))
+    environ = sorted(
+        (name, value)
+        for name, value in os.environ.items()
+        if name in _BUILD_ENV_NAMES or name.startswith(_BUILD_ENV_PREFIXES)
+    )
+    config = sorted(inductor_config.save_config_portable().items())
+    return cache_key(
+        torch.__version__,
+        torch.__file__,
+        sys.executable,
+        sys.version,
+        repr(config),
+        repr(environ),
+        repr(compilers),
+    )
+
+
+class _BuildMemo:
+    """What cpp_builder's options came to (commands, the compiler's
+    version), kept in the cache per build environment.  Keys hash them, and
+    working them out runs the compiler and, the first time in a process,
+    imports torch.utils.cpp_extension and setuptools: 0.2-0.4 s that a
+    process which only loads built modules (an FX graph cache hit) would pay
+    and the Python wrapper never does.  A process in an environment with
+    another stamp works them out again.  An unreadable file counts as empty."""
+
+    _lock = threading.Lock()
+    _entries: dict[Path, dict[str, str]] = {}
+
+    @classmethod
+    def get(cls, what: str, compute: Callable[[], str]) -> str:
+        path = cache_root() / "build-env" / f"{_environment_stamp()}.json"
+        with cls._lock:
+            entries = cls._entries.get(path)
+            if entries is None:
+                entries = cls._entries[path] = cls._read(path)
+            value = entries.get(what)
+        if value is not None:
+            return value
+        value = compute()
+        with cls._lock:
+            entries[what] = value
+            merged = {**cls._read(path), **entries}
+            write_atomic(str(path), json.dumps(merged, sort_keys=True), make_dirs=True)
+        return value
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, str]:
+        try:
+            entries = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(entries, dict):
+            return {}
+        return {k: v for k, v in entries.items() if isinstance(v, str)}
 
 
 @functools.cache

@@ -8,7 +8,10 @@ so that ``TORCHINDUCTOR_CACHE_DIR`` moves it and
   the one translation unit compiled against libtorch's headers;
 * ``pch/<key>/``: precompiled headers, ``cppwrap_runtime.h`` for wrapper
   translation units and Inductor's ``cpp_prefix.h`` for kernel ones;
-* ``<key[1:3]>/<key>/``: one graph's module, beside its sources.
+* ``<key[1:3]>/<key>/``: one graph's module, beside its sources;
+* ``build-env/<stamp>.json``: what cpp_builder's options came to (compile
+  commands, the compiler's version) in one build environment, so that a
+  process which only loads modules need not work them out (`_BuildMemo`).
 
 A key hashes what an artefact is made of (sources, our headers, the compile
 commands, the torch and compiler versions), never where the cache is: a

@@ -573,13 +573,37 @@ _BUILD_ENV_NAMES = frozenset(
     )
 )
 _BUILD_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_", "CUDA", "ROCM", "CONDA")
+_BUILD_CONFIG_PREFIXES = (
+    "cpp.",
+    "aot_inductor.",
+    "test_configs.",
+    "cpp_cache_precompile_headers",
+)
+
+
+# Stamps already worked out in this process, by Inductor's config hash
+# (cached by the config module until the config changes) and the environment.
+_stamps: dict[tuple[Any, ...], str] = {}
 
 
 def _environment_stamp() -> str:
     """A digest of what cpp_builder's options and the compiler's identity
-    follow: torch, Python, Inductor's config, the environment variables they
-    read, and the compilers that config names as found on the PATH (path,
-    size and modification time).  Cheap: nothing here runs the compiler."""
+    follow: torch, Python, the parts of Inductor's config that cpp_builder
+    reads, the environment variables it and the compiler read, and the
+    compilers that config names as found on the PATH (path, size and
+    modification time).  Cheap: nothing here runs the compiler, and a
+    process works it out once per config and environment."""
+    environ = tuple(
+        sorted(
+            (name, value)
+            for name, value in os.environ.items()
+            if name in _BUILD_ENV_NAMES or name.startswith(_BUILD_ENV_PREFIXES)
+        )
+    )
+    seen = (inductor_config.get_hash(), environ)
+    stamp = _stamps.get(seen)
+    if stamp is not None:
+        return stamp
     compilers = []
     for name in (*inductor_config.cpp.cxx, os.environ.get("CXX")):
         found = shutil.which(name) if name else None
@@ -587,13 +611,14 @@ def _environment_stamp() -> str:
             real = os.path.realpath(found)
             stat = os.stat(real)
             compilers.append((name, real, stat.st_size, stat.st_mtime_ns))
-    environ = sorted(
+    # Only what cpp_builder reads: a compile patches other parts (triton.*),
+    # which a later process that loads its modules does not.
+    config = sorted(
         (name, value)
-        for name, value in os.environ.items()
-        if name in _BUILD_ENV_NAMES or name.startswith(_BUILD_ENV_PREFIXES)
+        for name, value in inductor_config.save_config_portable().items()
+        if name.startswith(_BUILD_CONFIG_PREFIXES)
     )
-    config = sorted(inductor_config.save_config_portable().items())
-    return cache_key(
+    stamp = _stamps[seen] = cache_key(
         torch.__version__,
         torch.__file__,
         sys.executable,
@@ -602,6 +627,7 @@ def _environment_stamp() -> str:
         repr(environ),
         repr(compilers),
     )
+    return stamp
 
 
 class _BuildMemo:

@@ -166,7 +166,12 @@ class TestCodeCache(TestCase):
         # compiler nor makes cpp_builder's options, whose first use imports
         # torch.utils.cpp_extension and setuptools.
         source = IDENTITY_SOURCE % {"tag": "options"}
-        built = CppWrapperCodeCache.load(source)
+        # Built under the config a cpp_wrapper compile patches in, loaded
+        # without it, as a later process that hits the FX graph cache does.
+        with inductor_config.patch(
+            {"triton.store_cubin": True, "triton.autotune_at_compile_time": True}
+        ):
+            built = CppWrapperCodeCache.load(source)
         CppWrapperCodeCache.cache_clear()
         codecache._BuildMemo._entries.clear()  # as in a new process
 

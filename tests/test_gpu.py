@@ -444,7 +444,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
                 x = torch.randn(rows, 64, device="cuda")
                 self.assertEqual(compiled(x, w), fn(x, w), atol=1e-3, rtol=1e-3)
             (module,) = [m for m in PyCodeCache.modules[before:] if hasattr(m, "call")]
-            self.assertIn("One per set of sizes of inputs", module.wrapper_src)
+            self.assertIn("One graph per set of sizes of inputs [", module.wrapper_src)
             states = module._module.cuda_graph_states
             self.assertEqual(states(), ["ready"] * 3)
             for rows in range(32, 32 + bound):  # one size more than the bound

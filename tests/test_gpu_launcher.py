@@ -219,6 +219,12 @@ class TestLauncherCompiles(TestCase):
                 f"{{{', '.join(map(str, keys))}}}, {n_graphs});",
                 opening,
             )
+            if keys:
+                self.assertIn(
+                    f"// One graph per set of sizes of inputs {keys} "
+                    f"({n_graphs} graphs at most).",
+                    opening,
+                )
             # The first two calls go through cuda_graphs (warm-up, capture).
             self.assertIn(
                 "        PyObject* outputs = cuda_graph->prepare(args, run_kernels);",

@@ -488,8 +488,8 @@ class CppWrapperGpu(CppWrapperCpu):
         ]
         if keys:
             lines += [
-                f"// One per set of sizes of inputs {', '.join(map(str, keys))}, "
-                f"{self.max_cuda_graphs} at most.",
+                f"// One graph per set of sizes of inputs {keys} "
+                f"({self.max_cuda_graphs} graphs at most).",
             ]
         return [
             *lines,

@@ -220,6 +220,11 @@ def _free_symbols(exprs: Sequence[Any]) -> set[sympy.Symbol]:
     return set().union(*(getattr(e, "free_symbols", ()) for e in exprs))
 
 
+def _layout_symbols(node: Any) -> set[sympy.Symbol]:
+    """The symbols in an IR node's sizes and strides."""
+    return _free_symbols([*node.get_size(), *node.get_stride()])
+
+
 def _draws_random_numbers(node: torch.fx.Node) -> bool:
     """Whether an FX node draws random numbers (which a replayed CUDA graph
     would repeat unless the generator's offsets were advanced)."""
@@ -406,10 +411,9 @@ class CppWrapperGpu(CppWrapperCpu):
             if device is None or device.type != "cuda":
                 return f"input {name} is not a CUDA tensor"
             try:
-                shape = [*value.get_size(), *value.get_stride()]
+                bound |= _layout_symbols(value)
             except (AttributeError, NotImplementedError, AssertionError):
                 return f"input {name} has no fixed layout"
-            bound |= _free_symbols(shape)
         for buffer in V.graph.buffers:
             try:
                 layout = buffer.get_layout()
@@ -462,11 +466,12 @@ class CppWrapperGpu(CppWrapperCpu):
         keys = []
         for index, name in enumerate(self.get_graph_input_names()):
             value = inputs[name]
-            if isinstance(value, sympy.Expr):
-                symbolic = bool(value.free_symbols)
-            else:
-                symbolic = bool(_free_symbols([*value.get_size(), *value.get_stride()]))
-            if symbolic:
+            symbols = (
+                value.free_symbols
+                if isinstance(value, sympy.Expr)
+                else _layout_symbols(value)
+            )
+            if symbols:
                 keys.append(index)
         return keys
 

@@ -78,10 +78,10 @@ class GraphReplay {
   // Called on every call that missed a replay and ran the kernels one by
   // one.  In the warm-up state (a first call that did not warm up: another
   // warm-up held the pool) it notes the inputs' addresses, so the next call
-  // can be captured.  Once
-  // a graph is installed, two calls in a row that could not replay because
-  // the same inputs had moved to the same new addresses (parameters that
-  // were replaced, say) have it captured again, a few times at most.
+  // can be captured.  Once a graph is installed, two calls in a row that
+  // could not replay because the same inputs had moved to the same new
+  // addresses (parameters that were replaced, say) have it captured again, a
+  // few times at most.
   void observe(const Tensor* const* inputs) {
     const State seen = state();
     if (seen != kWarmup && !(seen == kReady && recaptures_ < kMaxRecaptures)) {

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Generator, Sequence
 from typing import Any, cast
 
@@ -48,10 +47,11 @@ def enabled() -> bool:
 
 # One capture stream per device, shared by every capture.  cuBLAS keeps a
 # workspace (32 MiB on Hopper) for each stream it runs on, for the process's
-# lifetime: a fresh stream per capture would add one per recapture.  The lock
-# keeps two threads from capturing on it at once.
+# lifetime: a fresh stream per capture would add one per recapture.  No two
+# warm-ups or captures run at once: GraphReplay::prepare holds the graphs'
+# pool (a process-wide flag in the runtime) around each, which also guards
+# this module's tables.
 _capture_streams: dict[int, torch.cuda.Stream] = {}
-_capture_lock = threading.Lock()
 
 
 # One memory pool per (device, stream) that graphs are replayed on, shared by
@@ -179,7 +179,7 @@ def warm_up(args: list[Any]) -> WarmUp:
             e,
         )
         return None
-    with _capture_lock, torch.cuda.device(device):
+    with torch.cuda.device(device):
         side.wait_stream(stream)
         try:
             with torch.cuda.stream(side), torch.cuda.use_mem_pool(pool, device):
@@ -229,8 +229,7 @@ def capture(args: list[Any], first_ptrs: list[int]) -> Capture:
         log.debug("torch_cppwrap: no CUDA graph: %s", why)
         return None
     try:
-        with _capture_lock:
-            return (yield from _capture(args, first_ptrs))
+        return (yield from _capture(args, first_ptrs))
     except Exception as e:  # the module falls back to launching kernel by kernel
         log.warning(
             "torch_cppwrap: capturing the graph as a CUDA graph failed; it runs "

@@ -179,10 +179,19 @@ class TestReport(TestCase):
         self.assertEqual([r["e2e_us"] for r in python["warm_rounds"]], [9.0, 3.0])
         self.assertEqual(report["meta"]["rounds"], 2)
 
-    def test_each_row_is_written_as_it_finishes(self) -> None:
-        # A run stopped by a time limit keeps the rows it finished.
+    def _table_of_a_stopped_run(self, worker, rounds):
+        """bench.md as a run left it when `worker` raised KeyboardInterrupt
+        (which stands in for the run being killed)."""
         from pathlib import Path
 
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp)
+            with self.assertRaises(KeyboardInterrupt):
+                self._run_fake(worker, out, rounds=rounds)
+            return (out / "bench.md").read_text()
+
+    def test_each_row_is_written_as_it_finishes(self) -> None:
+        # A run stopped by a time limit keeps the rows it finished.
         calls = []
 
         def worker(workload, mode, phase, **kwargs):
@@ -191,11 +200,7 @@ class TestReport(TestCase):
                 raise KeyboardInterrupt  # stands in for the run being killed
             return {"compile_s": 1.0, "ok": True, "e2e_us": 3.0, "call_us": 2.0}
 
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp)
-            with self.assertRaises(KeyboardInterrupt):
-                self._run_fake(worker, out, rounds=2)
-            text = (out / "bench.md").read_text()
+        text = self._table_of_a_stopped_run(worker, rounds=2)
         self.assertIn("| seed | python | yes | 1.00 | 1.00 | 3.0 | 2.0 |", text)
         self.assertIn("| seed | upstream | yes | 1.00 | 1.00 | 3.0 | 2.0 |", text)
         self.assertIn("- rounds: 1 (warm processes per mode", text)
@@ -203,8 +208,6 @@ class TestReport(TestCase):
     def test_a_run_stopped_while_timing_keeps_its_cold_compiles(self) -> None:
         # Stopped at the first warm process: both cold compiles are written,
         # with no timing, and are not reported as problems.
-        from pathlib import Path
-
         calls = []
 
         def worker(workload, mode, phase, **kwargs):
@@ -213,11 +216,7 @@ class TestReport(TestCase):
                 raise KeyboardInterrupt  # stands in for the run being killed
             return {"compile_s": 7.0, "ok": True}
 
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp)
-            with self.assertRaises(KeyboardInterrupt):
-                self._run_fake(worker, out, rounds=1)
-            text = (out / "bench.md").read_text()
+        text = self._table_of_a_stopped_run(worker, rounds=1)
         self.assertIn("| seed | python | yes | 7.00 | - |", text)
         self.assertIn("| seed | upstream | yes | 7.00 | - |", text)
         self.assertNotIn("## Problems", text)

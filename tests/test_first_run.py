@@ -118,13 +118,23 @@ class TestInstalledRuntime(TestCase):
             installed = codecache.RuntimeExtension.ensure_built()
         fresh = tempfile.mkdtemp(prefix="fresh-inductor-cache-")
         self.addCleanup(shutil.rmtree, fresh, ignore_errors=True)
+        # It also finds the compile commands the installation recorded, and
+        # makes none of cpp_builder's options (which probe the compiler).
         script = (
             "import torch, torch_cppwrap, sys\n"
+            "from torch_cppwrap._inductor import codecache\n"
+            "made = []\n"
+            "real = codecache._compat.build_options\n"
+            "def spy(*args, **kwargs):\n"
+            "    made.append(kwargs)\n"
+            "    return real(*args, **kwargs)\n"
+            "codecache._compat.build_options = spy\n"
             "torch._inductor.config.cpp_wrapper = True\n"
             "x = torch.randn(8, 8)\n"
             "out = torch.compile(lambda x: (x + 1).sum())(x)\n"
             "assert torch.allclose(out, (x + 1).sum())\n"
             "print(sys.modules['torch_cppwrap._C'].__file__)\n"
+            "print('options made:', made)\n"
         )
         env = dict(os.environ, **self.env, TORCHINDUCTOR_CACHE_DIR=fresh)
         proc = subprocess.run(
@@ -135,7 +145,7 @@ class TestInstalledRuntime(TestCase):
             timeout=600,
         )
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-        self.assertEqual(proc.stdout.strip(), str(installed))
+        self.assertEqual(proc.stdout.splitlines(), [str(installed), "options made: []"])
         # Neither the runtime extension nor a precompiled header was built.
         self.assertNotIn("torch_cppwrap: building", proc.stderr)
 

@@ -11,7 +11,9 @@ so that ``TORCHINDUCTOR_CACHE_DIR`` moves it and
 * ``<key[1:3]>/<key>/``: one graph's module, beside its sources;
 * ``build-env/<stamp>.json``: what cpp_builder's options came to (compile
   commands, the compiler's version) in one build environment, so that a
-  process which only loads modules need not work them out (`_BuildMemo`).
+  process which only loads modules need not work them out (`_BuildMemo`);
+  ``python -m torch_cppwrap build`` installs one beside the runtime, which a
+  new cache starts from.
 
 A key hashes what an artefact is made of (sources, our headers, the compile
 commands, the torch and compiler versions), never where the cache is: a
@@ -425,7 +427,14 @@ class Build:
         )
 
     def command(self) -> str:
-        return self.builder().get_command_line()
+        """The command line, include directories and all.  Remembered per
+        build environment (see `_BuildMemo`): the include directories are
+        the installed or cached precompiled headers', the same paths in
+        every process of that cache or installation."""
+        return _BuildMemo.get(
+            f"command line {self._described()} {self.include_dirs!r}",
+            lambda: self.builder().get_command_line(),
+        )
 
     def fingerprint(self) -> str:
         """The command without our include directories: what a key hashes.
@@ -556,13 +565,16 @@ def _compiler_version() -> str:
 
 
 # Environment variables that cpp_builder or the compiler read, by name and by
-# prefix: part of the build environment's stamp.
+# prefix: part of the build environment's stamp.  Inductor's config, which
+# its own environment variables set, is stamped apart; other variables (the
+# cache's place, the switches of a benchmark or a test) change no command.
 _BUILD_ENV_NAMES = frozenset(
     (
         "CC",
         "CXX",
         "CFLAGS",
         "CXXFLAGS",
+        "CPPFLAGS",
         "LDFLAGS",
         "CPATH",
         "C_INCLUDE_PATH",
@@ -570,9 +582,14 @@ _BUILD_ENV_NAMES = frozenset(
         "LIBRARY_PATH",
         "LD_LIBRARY_PATH",
         "PATH",
+        "OMP_PREFIX",
+        "ATEN_CPU_CAPABILITY",
+        "TORCHINDUCTOR_DEBUG_COMPILE",
+        "TORCHINDUCTOR_DEBUG_SYMBOL",
+        "TORCH_INDUCTOR_INSTALL_GXX",
     )
 )
-_BUILD_ENV_PREFIXES = ("TORCHINDUCTOR_", "TORCH_", "CUDA", "ROCM", "CONDA")
+_BUILD_ENV_PREFIXES = ("CUDA", "ROCM", "CONDA", "GCC_")
 _BUILD_CONFIG_PREFIXES = (
     "cpp.",
     "aot_inductor.",
@@ -642,13 +659,21 @@ class _BuildMemo:
     _lock = threading.Lock()
     _entries: dict[Path, dict[str, str]] = {}
 
+    @staticmethod
+    def _paths() -> tuple[Path, Path]:
+        """This environment's record in the cache and in the installation."""
+        name = Path("build-env") / f"{_environment_stamp()}.json"
+        return cache_root() / name, installed_runtime_dir() / name
+
     @classmethod
     def get(cls, what: str, compute: Callable[[], str]) -> str:
-        path = cache_root() / "build-env" / f"{_environment_stamp()}.json"
+        path, installed = cls._paths()
         with cls._lock:
             entries = cls._entries.get(path)
             if entries is None:
-                entries = cls._entries[path] = cls._read(path)
+                # A new cache starts from what the installation recorded.
+                entries = {**cls._read(installed), **cls._read(path)}
+                cls._entries[path] = entries
             value = entries.get(what)
         if value is not None:
             return value
@@ -658,6 +683,17 @@ class _BuildMemo:
             merged = {**cls._read(path), **entries}
             write_atomic(str(path), json.dumps(merged, sort_keys=True), make_dirs=True)
         return value
+
+    @classmethod
+    def install(cls) -> None:
+        """Copies this environment's record from the cache into the
+        installation, merged with what is there."""
+        path, installed = cls._paths()
+        with cls._lock:
+            merged = {**cls._read(installed), **cls._read(path)}
+            write_atomic(
+                str(installed), json.dumps(merged, sort_keys=True), make_dirs=True
+            )
 
     @staticmethod
     def _read(path: Path) -> dict[str, str]:
@@ -813,10 +849,13 @@ def wrapper_runtime_pch(
 
 
 def _is_gcc() -> bool:
-    try:
-        return bool(cpp_builder.is_gcc())
-    except Exception:  # pragma: no cover - compiler probing failed
-        return False
+    def probe() -> str:
+        try:
+            return "yes" if cpp_builder.is_gcc() else "no"
+        except Exception:  # pragma: no cover - compiler probing failed
+            return "no"
+
+    return _BuildMemo.get("compiler is gcc", probe) == "yes"
 
 
 def prepare_runtime(device_type: str = "cpu", *, install: bool = False) -> None:
@@ -825,9 +864,27 @@ def prepare_runtime(device_type: str = "cpu", *, install: bool = False) -> None:
     pays for it; with `install`, into the installation instead."""
     tc = toolchain()
     with _alongside(functools.partial(RuntimeExtension.ensure_built, install=install)):
-        wrapper_runtime_pch(tc, device_type, install=install)
+        wrapper_pch = wrapper_runtime_pch(tc, device_type, install=install)
+        kernel_pch = (
+            kernel_prefix_pch(tc, install=install) if device_type == "cpu" else None
+        )
+    if install:
+        # What a graph's key hashes and the commands its build runs against
+        # these headers, recorded with the installation: a compile in a new
+        # cache then runs the compiler without working out cpp_builder's
+        # options first.
+        wrapper = tc.wrapper_compile(device_type, WRAPPER_SOURCE)
+        units = [(wrapper, wrapper_pch)]
         if device_type == "cpu":
-            kernel_prefix_pch(tc, install=install)
+            units.append((tc.kernel_compile(KERNEL_SOURCE), kernel_pch))
+        for count in range(1, len(units) + 1):
+            link = tc.link([unit.output for unit, _ in units[:count]], device_type)
+            units.append((link, None))
+        for unit, header in units:
+            unit.fingerprint()
+            unit.with_include_dir(header).command()
+            _ = unit.output
+        _BuildMemo.install()
 
 
 _prefetch_lock = threading.Lock()

@@ -177,6 +177,19 @@ def _convnet(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     return model.to(device).eval(), (torch.randn(8, 3, 32, 32, device=device),)
 
 
+def _launches(device: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    import torch
+
+    # Softmaxes over alternate dimensions: no two can share a kernel, and
+    # there is no extern kernel, so a call is the wrapper's launches alone.
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        for i in range(32):
+            x = torch.softmax(x * 1.5, dim=i % 2)
+        return x
+
+    return fn, (torch.randn(64, 64, device=device),)
+
+
 def _model(
     name: str,
     description: str,
@@ -228,6 +241,14 @@ WORKLOADS: dict[str, Workload] = {
             "convnet",
             "3 x (Conv2d, ReLU) + pooling + Linear, batch 8, 3x32x32",
             _convnet,
+        ),
+        Workload(
+            "launches",
+            "32 softmaxes over alternate dimensions of a 64x64 tensor: a kernel "
+            "each, no extern kernels",
+            _launches,
+            rtol=1e-4,
+            atol=1e-5,
         ),
         _model("resnet18", "timm resnet18, batch 2, 224x224"),
         _model("vit_tiny", "timm vit_tiny_patch16_224, batch 2"),

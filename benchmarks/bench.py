@@ -830,6 +830,7 @@ def run_bench(
             if phase == "warm" and rounds > 1:
                 what += f" (round {round_ + 1}/{rounds})"
             progress(f"[{step}/{steps}] {workload} / {mode}: {what}...")
+        started = time.perf_counter()
         r = spawn_worker(
             workload,
             mode,
@@ -841,6 +842,9 @@ def run_bench(
             threads=threads,
             extra_env=extra_env,
         )
+        # The whole step (process start, imports, model build, compile,
+        # timing): what a run's time limit has to fit.
+        r["worker_s"] = time.perf_counter() - started
         progress(f"    {workload} / {mode} {phase}: " + _summary(r))
         return r
 
@@ -899,10 +903,14 @@ def run_bench(
     extra_env: dict[str, str] = {}
     installed = None
     if any(MODES[mode].imports_torch_cppwrap for mode in modes):
-        installed = tempfile.mkdtemp(prefix="cppwrap-bench-installed-")
+        # An installation named by the environment is used (installed into
+        # if need be) and kept; otherwise one is made for this run.
+        given = os.environ.get("TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR")
+        if given is None:
+            installed = tempfile.mkdtemp(prefix="cppwrap-bench-installed-")
         progress("installing torch_cppwrap's runtime for this run...")
-        prepare_torch_cppwrap(installed, device)
-        extra_env["TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"] = installed
+        prepare_torch_cppwrap(given or str(installed), device)
+        extra_env["TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"] = given or str(installed)
     try:
         if jobs > 1:
             with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
@@ -966,8 +974,12 @@ def _summary(r: dict[str, Any]) -> str:
         parts.append(f"e2e {r['e2e_us']:.1f} us")
     if r.get("call_us") is not None:
         parts.append(f"call {r['call_us']:.1f} us")
+    if r.get("mem_peak_mb") is not None:
+        parts.append(f"peak {r['mem_peak_mb']:.0f} MB")
     if r.get("wrappers"):
         parts.append("wrapper: " + ",".join(r["wrappers"]))
+    if r.get("worker_s") is not None:
+        parts.append(f"step {r['worker_s']:.0f} s")
     return ", ".join(parts)
 
 

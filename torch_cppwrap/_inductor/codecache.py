@@ -873,17 +873,19 @@ def prepare_runtime(device_type: str = "cpu", *, install: bool = False) -> None:
         # these headers, recorded with the installation: a compile in a new
         # cache then runs the compiler without working out cpp_builder's
         # options first.
-        wrapper = tc.wrapper_compile(device_type, WRAPPER_SOURCE)
-        units = [(wrapper, wrapper_pch)]
+        compiles = [(tc.wrapper_compile(device_type, WRAPPER_SOURCE), wrapper_pch)]
         if device_type == "cpu":
-            units.append((tc.kernel_compile(KERNEL_SOURCE), kernel_pch))
-        for count in range(1, len(units) + 1):
-            link = tc.link([unit.output for unit, _ in units[:count]], device_type)
-            units.append((link, None))
-        for unit, header in units:
-            unit.fingerprint()
-            unit.with_include_dir(header).command()
-            _ = unit.output
+            compiles.append((tc.kernel_compile(KERNEL_SOURCE), kernel_pch))
+        objects = [build.output for build, _ in compiles]
+        # A graph without C++ kernels links its wrapper alone.
+        links = [
+            (tc.link(objects[:count], device_type), None)
+            for count in range(1, len(objects) + 1)
+        ]
+        for build, header in [*compiles, *links]:
+            build.fingerprint()
+            build.with_include_dir(header).command()
+            _ = build.output
         _BuildMemo.install()
 
 

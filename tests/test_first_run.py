@@ -14,6 +14,7 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
+import torch
 from torch._inductor.test_case import TestCase, run_tests
 
 import torch_cppwrap
@@ -86,6 +87,11 @@ class TestInstalledRuntime(TestCase):
         self.env = {codecache.INSTALLED_RUNTIME_ENV: str(self.installed)}
 
     def test_build_installs_this_caches_extension_and_compiles_use_it(self) -> None:
+        # Where CUDA is available, `build` installs the CUDA wrapper's
+        # precompiled header too: this cache holds that one as well.
+        devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+        for device_type in devices:
+            seed_cache(device_type)
         env = dict(os.environ, **self.env)
         proc = subprocess.run(
             [sys.executable, "-m", "torch_cppwrap", "build"],
@@ -101,7 +107,9 @@ class TestInstalledRuntime(TestCase):
         from torch._inductor import config as inductor_config
 
         headers = codecache._is_gcc() and inductor_config.cpp_cache_precompile_headers
-        self.assertEqual(len(list(self.installed.rglob("*.gch"))), 2 if headers else 0)
+        # cppwrap_runtime.h per device, and cpp_prefix.h for CPU kernels.
+        expected = len(devices) + 1 if headers else 0
+        self.assertEqual(len(list(self.installed.rglob("*.gch"))), expected)
         (installed,) = self.installed.rglob("cppwrap_runtime.so")
         _, cached = codecache.RuntimeExtension.artefact()
         self.assertEqual(installed.read_bytes(), cached.read_bytes())

@@ -44,10 +44,12 @@ if has_step sweep-backward; then sweep backward --backward & pids+=($!); fi
 
 if has_step suite; then
     echo "== the whole suite, started $(date +%T)"
-    timeout "${SUITE_TIMEOUT:-420}" $PYTHON -X faulthandler -m pytest tests -q -rfEs \
+    # -v: a run cut by its time limit prints no summary, and -q would then
+    # leave its failures unnamed (session 10's first suite run on the H200).
+    timeout "${SUITE_TIMEOUT:-420}" $PYTHON -X faulthandler -m pytest tests -v -rfEs \
         --tb=short -p no:cacheprovider -n "${SUITE_WORKERS:-6}" > "$OUT/suite.log" 2>&1
     echo "suite exit status: $?"
-    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/suite.log" | tail -30
+    grep -E "(FAILED|ERROR) tests/|passed|failed" "$OUT/suite.log" | tail -30
 fi
 
 if has_step upstream-tests; then

@@ -4,11 +4,12 @@ Python wrapper that keeps any remaining gap from failing a user's compile."""
 
 from __future__ import annotations
 
+import unittest
 from unittest import mock
 
 import torch
 from torch._dynamo.utils import counters
-from torch._inductor import config
+from torch._inductor import config, cpu_vec_isa
 from torch._inductor.test_case import run_tests
 
 import torch_cppwrap
@@ -124,6 +125,38 @@ class TestUpstreamParity(CppWrapperTestCase):
         body = source[source.index("static PyObject* call_impl") :]
         view = body.index("= cppwrap::reinterpret_tensor(")
         self.assertLess(view, body.index("= std::move("))
+
+    @unittest.skipUnless(
+        torch.backends.mkldnn.is_available() and cpu_vec_isa.valid_vec_isa_list(),
+        "Inductor's CPP GEMM templates need mkldnn and a vector ISA",
+    )
+    def test_constant_the_gemm_template_drops(self) -> None:
+        # Found by PyTorch's test_cpu_cpp_wrapper (grouped linear epilogue,
+        # torch 2.11): under freezing, the CPP GEMM template packs each weight
+        # into a new constant and drops the original from the graph after the
+        # wrapper listed it; Inductor sets only the graph's constants on the
+        # module, and the module looked for all it had listed.
+        linear0 = torch.nn.Linear(52, 32)
+        linear1 = torch.nn.Linear(52, 32, bias=False)
+
+        def fn(x):
+            return torch.relu(linear0(x)), linear1(x)
+
+        options = {
+            "freezing": True,
+            "max_autotune": True,
+            "max_autotune_gemm_backends": "CPP,ATEN",
+            "cpp.enable_grouped_gemm_template": True,
+        }
+        counters.clear()
+        with config.patch(options), torch.no_grad():
+            (source,) = self.check(fn, (torch.randn(16, 52),), atol=1e-4, rtol=1e-4)
+        self.assertGreater(counters["inductor"]["select_algorithm_weight_prune"], 0)
+        listed = source[source.index("constant_names[] = {") :].split("};")[0]
+        self.assertIn('"constant', listed)  # the packed weights
+        for line in source.splitlines():
+            if line.startswith("// constant "):
+                self.assertIn(f'"{line.split()[2].rstrip(":")}"', listed)
 
     def test_optional_string_argument_spelling(self) -> None:
         # mkl's _linear_pointwise takes `str? algorithm`; `const char*("")`

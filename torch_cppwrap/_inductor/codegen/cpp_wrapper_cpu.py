@@ -79,7 +79,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
     def __init__(self) -> None:
         # Set before super().__init__(), which calls write_header/write_prefix.
         self.entry = IndentedBuffer()  # input unpacking, with the GIL held
-        self.constant_names: list[str] = []
+        # The graph's constants as the wrapper was created: name -> repr.
+        self.constant_reprs: dict[str, str] = {}
         self.declared: OrderedSet[str] = OrderedSet()
         self.op_handles: dict[str, str] = {}
         self.boxed_call_ids = itertools.count()
@@ -170,8 +171,19 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.header.writeline("")
 
     def write_constant(self, name: str, hashed: str) -> None:
-        self.constant_names.append(name)
-        self.header.writeline(f"// constant {name}: {hashed}")
+        # Listed once the code is generated (see `constant_names`).
+        self.constant_reprs[name] = hashed
+
+    @property
+    def constant_names(self) -> list[str]:
+        """The constants the module binds: those still in the graph once its
+        code is generated, which are those Inductor sets on the module.  A
+        constant can leave the graph after the wrapper is created: a CPP GEMM
+        template under freezing packs a weight into a new constant and drops
+        the original."""
+        graph = V.graph
+        kept = (graph.constants, graph.torchbind_constants)
+        return [n for n in self.constant_reprs if any(n in names for names in kept)]
 
     def write_kernel_autotune_defs_header(self) -> None:
         if self.uses_triton_tuning:
@@ -237,8 +249,11 @@ class CppWrapperCpu(PythonWrapperCodegen):
         # Runs after the header and body are complete: wrap the prefix (symbol
         # bindings and input checks) in the opening of call_impl.
         code = IndentedBuffer()
-        if self.constant_names:
-            names = ", ".join(spell.string_literal(n) for n in self.constant_names)
+        constant_names = self.constant_names
+        for name in constant_names:
+            code.writeline(f"// constant {name}: {self.constant_reprs[name]}")
+        if constant_names:
+            names = ", ".join(spell.string_literal(n) for n in constant_names)
             code.writeline(f"static const char* const constant_names[] = {{{names}}};")
             code.writeline("static cppwrap::Tensor* constants = nullptr;")
         code.writeline("")
@@ -246,12 +261,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
             code.writeline(line)
         with code.indent():
             code.splice(self.entry)
-            if self.constant_names:
+            if constant_names:
                 code.writeline(
                     "if (!cppwrap::load_constants(cppwrap_constants_ns, constant_names, "
-                    f"{len(self.constant_names)}, constants)) return nullptr;"
+                    f"{len(constant_names)}, constants)) return nullptr;"
                 )
-                for index, name in enumerate(self.constant_names):
+                for index, name in enumerate(constant_names):
                     code.writeline(
                         f"const cppwrap::Tensor& {name} = constants[{index}];"
                     )

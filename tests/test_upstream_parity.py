@@ -158,6 +158,26 @@ class TestUpstreamParity(CppWrapperTestCase):
             if line.startswith("// constant "):
                 self.assertIn(f'"{line.split()[2].rstrip(":")}"', listed)
 
+    @unittest.skipUnless(
+        torch.backends.mkldnn.is_available(), "the fused conv needs mkldnn"
+    )
+    def test_list_of_optional_floats(self) -> None:
+        # Found by PyTorch's test_cpu_cpp_wrapper (conv2d binary in-place
+        # fusion, torch 2.11): mkldnn's fused conv takes `unary_scalars`, a
+        # list of optional floats, which the C shim spells `const double**`.
+        conv = torch.nn.Conv2d(3, 32, 3, padding=1).to(
+            memory_format=torch.channels_last
+        )
+
+        def fn(x, other):
+            return torch.add(conv(x), other.relu())
+
+        x = torch.randn(1, 3, 28, 28).to(memory_format=torch.channels_last)
+        other = torch.randn(1, 32, 28, 28).to(memory_format=torch.channels_last)
+        with config.patch(freezing=True), torch.no_grad():
+            (source,) = self.check(fn, (x, other), atol=1e-4, rtol=1e-4)
+        self.assertIn("cppwrap::array_of<const double*>(", source)
+
     def test_optional_string_argument_spelling(self) -> None:
         # mkl's _linear_pointwise takes `str? algorithm`; `const char*("")`
         # is not C++ (test_cpu_cpp_wrapper's mkl_linear with dynamic shapes).

@@ -47,12 +47,13 @@ def element_ctype(type_: Any, sample: Any = None) -> str:
     """The C type of one element of a shim list argument."""
     if isinstance(type_, torch.OptionalType):
         inner = _kind(type_.getElementType(), sample)
-        # The C shim takes a list of optional tensors as `const AtenTensorHandle**`.
-        return (
-            "const AtenTensorHandle*"
-            if inner is arg_kinds.TENSOR
-            else f"{inner.ctype}*"
-        )
+        # The C shim takes a list of optionals as pointers to const values:
+        # `const AtenTensorHandle**`, `const double**` (mkldnn's
+        # unary_scalars).
+        if inner is arg_kinds.TENSOR:
+            return "const AtenTensorHandle*"
+        const = "" if inner.ctype.startswith("const ") else "const "
+        return f"{const}{inner.ctype}*"
     return _kind(type_, sample).ctype
 
 

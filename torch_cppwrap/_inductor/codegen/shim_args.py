@@ -50,8 +50,6 @@ def element_ctype(type_: Any, sample: Any = None) -> str:
         # The C shim takes a list of optionals as pointers to const values:
         # `const AtenTensorHandle**`, `const double**` (mkldnn's
         # unary_scalars).
-        if inner is arg_kinds.TENSOR:
-            return "const AtenTensorHandle*"
         const = "" if inner.ctype.startswith("const ") else "const "
         return f"{const}{inner.ctype}*"
     return _kind(type_, sample).ctype

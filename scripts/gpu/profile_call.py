@@ -331,11 +331,14 @@ def main() -> int:
     installed = None
     if any(bench.MODES[m].imports_torch_cppwrap for m in modes):
         # As bench.py: torch_cppwrap's runtime extension built once, not in
-        # each child's fresh Inductor cache.
-        installed = tempfile.mkdtemp(prefix="profile-call-installed-")
+        # each child's fresh Inductor cache; an installation named by the
+        # environment is used (installed into if need be) and kept.
+        given = os.environ.get("TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR")
+        if given is None:
+            installed = tempfile.mkdtemp(prefix="profile-call-installed-")
         progress("installing torch_cppwrap's runtime for this run...")
-        bench.prepare_torch_cppwrap(installed, "cuda")
-        extra_env["TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"] = installed
+        bench.prepare_torch_cppwrap(given or str(installed), "cuda")
+        extra_env["TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"] = given or str(installed)
     records: list[dict[str, Any]] = []
     try:
         for workload in workloads:

@@ -593,10 +593,13 @@ def run_worker(
             result["mem_peak_mb"] = memory.peak_mb()
             result["mem_source"] = memory.source
             # CUDA graphs replay the whole graph; its module's `call` alone is
-            # not what runs, so there is nothing honest to time.
+            # not what runs, so there is nothing honest to time.  A training
+            # step's graphs take indices (token ids, labels, the philox seed
+            # and offset of attention's dropout) that get_args() fills with
+            # random values, on which its kernels read out of bounds.
             calls = [
                 None
-                if mode.compile_mode == "reduce-overhead"
+                if mode.compile_mode == "reduce-overhead" or spec.train
                 else time_module_call(
                     m, repeats=budget.repeats, target_s=budget.target_s, sync=sync
                 )
@@ -725,7 +728,11 @@ def spawn_worker(
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_MARKER):
             return json.loads(line[len(RESULT_MARKER) :])
-    tail = (proc.stdout + proc.stderr)[-3000:]
+    output = proc.stdout + proc.stderr
+    # A crash's traceback (faulthandler's) comes first, then a list of
+    # extension modules that can fill the tail on its own.
+    crash = output.find("Fatal Python error")
+    tail = output[crash : crash + 3000] if crash >= 0 else output[-3000:]
     status = str(proc.returncode)
     if proc.returncode < 0:
         with contextlib.suppress(ValueError):

@@ -4,7 +4,9 @@ where it keeps what it builds."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 import tempfile
 import threading
 from pathlib import Path
@@ -203,6 +205,40 @@ class TestCodeCache(TestCase):
         ):
             self.assertEqual(CppWrapperCodeCache.load(source).__file__, built.__file__)
         self.assertTrue(made)
+
+    def test_a_graph_module_links_libtorch_alone(self) -> None:
+        # The C shim a module calls is found, when it is loaded, in
+        # libtorch.so's own dependencies (libtorch_cpu, libtorch_cuda), so
+        # its link never reads their symbol tables.
+        for device_type in ("cpu", "cuda"):
+            link = codecache.toolchain().link(["wrapper.o"], device_type).command()
+            libraries = re.findall(r"(?<!\S)-l(\S+)", link)
+            self.assertIn("torch", libraries, link)
+            self.assertFalse(
+                {"torch_cpu", "torch_cuda", "torch_python"} & set(libraries), link
+            )
+            self.assertLess(link.index("-Wl,--no-as-needed"), link.index("-ltorch "))
+
+        import torch
+
+        @torch.compile
+        def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.mm(x, y).relu() + 1  # mm: a C-shim call
+
+        x, y = torch.randn(8, 8), torch.randn(8, 8)
+        with inductor_config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            self.assertEqual(fn(x, y), torch.mm(x, y).relu() + 1)
+        (module,) = self.graph_modules()
+        readelf = shutil.which("readelf")
+        if readelf is not None:
+            needed = re.findall(
+                r"\(NEEDED\).*\[(.*)\]",
+                subprocess.run(
+                    [readelf, "-d", str(module)], capture_output=True, text=True
+                ).stdout,
+            )
+            self.assertIn("libtorch.so", needed)
+            self.assertFalse([n for n in needed if n.startswith("libtorch_")], needed)
 
     def test_a_moved_cache_keeps_its_modules(self) -> None:
         # Keys hash content, not where the cache is: a copy of the cache

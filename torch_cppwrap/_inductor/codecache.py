@@ -89,12 +89,13 @@ RUNTIME_SOURCE = RUNTIME_DIR / "cppwrap_runtime_ext.cpp"
 CPP_PREFIX_INCLUDE = "torch/csrc/inductor/cpp_prefix.h"
 
 # What a wrapper module adds to cpp_builder's CPU options, by device: the
-# macros it is compiled with and the libraries it links.  CUDA modules call
-# the aoti_torch_cuda_* shim, which lives in libtorch_cuda; they look the CUDA
-# driver up at run time, so they need no CUDA headers or -lcuda.
-DEVICE_BUILD: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "cpu": ((), ()),
-    "cuda": (("USE_CUDA",), ("torch_cuda",)),
+# macros it is compiled with.  CUDA modules look the CUDA driver up at run
+# time, so they need no CUDA headers or -lcuda; the aoti_torch_cuda_* shim
+# they call lives in libtorch_cuda, which they reach as CPU modules reach
+# libtorch_cpu (see _Toolchain.link).
+DEVICE_DEFINITIONS: dict[str, tuple[str, ...]] = {
+    "cpu": (),
+    "cuda": ("USE_CUDA",),
 }
 
 
@@ -375,10 +376,11 @@ class Build:
     output_dir, run in a build directory, so that its output lands there as
     `name` plus cpp_builder's extension (.o, .so, .gch).
 
-    `include_dirs` (searched first), `definitions` and `libraries` are ours,
+    `include_dirs` (searched first), `definitions` and `ldflags` are ours,
     added to the options cpp_builder made: its option classes compute their
     lists in their constructors and take no additions, so the two are merged
-    into a plain ``BuildOptionsBase``.
+    into a plain ``BuildOptionsBase``.  `kept_libraries`, when given, are the
+    only ones of cpp_builder's libraries linked.
     """
 
     name: str
@@ -387,7 +389,8 @@ class Build:
     spec: tuple[tuple[str, Any], ...]
     include_dirs: tuple[str, ...] = ()
     definitions: tuple[str, ...] = ()
-    libraries: tuple[str, ...] = ()
+    ldflags: tuple[str, ...] = ()
+    kept_libraries: tuple[str, ...] | None = None
 
     @functools.cached_property
     def options(self) -> Any:
@@ -412,9 +415,13 @@ class Build:
                 *base.get_include_dirs(),
             ],
             cflags=base.get_cflags(),
-            ldflags=base.get_ldflags(),
+            ldflags=[*base.get_ldflags(), *self.ldflags],
             libraries_dirs=base.get_libraries_dirs(),
-            libraries=[*base.get_libraries(), *self.libraries],
+            libraries=[
+                library
+                for library in base.get_libraries()
+                if self.kept_libraries is None or library in self.kept_libraries
+            ],
             passthrough_args=base.get_passthrough_args(),
             aot_mode=base.get_aot_mode(),
             use_relative_path=base.get_use_relative_path(),
@@ -448,7 +455,16 @@ class Build:
 
     def _described(self) -> str:
         spec = sorted((name, str(value)) for name, value in self.spec)
-        return repr((self.name, self.sources, spec, self.definitions, self.libraries))
+        return repr(
+            (
+                self.name,
+                self.sources,
+                spec,
+                self.definitions,
+                self.ldflags,
+                self.kept_libraries,
+            )
+        )
 
     @property
     def output(self) -> str:
@@ -501,7 +517,7 @@ class _Toolchain:
     ) -> Build:
         """A wrapper translation unit: light headers (ours, Python.h, the C
         shim), no vector ISA, Inductor's wrapper optimisation level."""
-        definitions, _ = DEVICE_BUILD[device_type]
+        definitions = DEVICE_DEFINITIONS[device_type]
         options = self._options(
             min_optimize=True, compile_only=not precompiling, precompiling=precompiling
         )
@@ -518,10 +534,27 @@ class _Toolchain:
         )
         return Build("header" if precompiling else "kernels", (source,), options)
 
+    # What a graph module links of cpp_builder's libraries: libtorch.so,
+    # which names libtorch_cpu (and, in a CUDA build, libtorch_cuda) as its
+    # own dependencies.  The loader looks the module's C shim calls up among
+    # those, which the process has loaded already, and the linker reads none
+    # of their symbol tables: libtorch_cpu's cost 0.3 s of every graph's
+    # link, and 0.7 s with libtorch_cuda's.  --no-as-needed keeps
+    # libtorch.so, none of whose own symbols a module uses, among the
+    # module's dependencies.
+    MODULE_LIBRARIES = ("torch", "gomp")
+    MODULE_LDFLAGS = ("Wl,--no-as-needed",)
+
     def link(self, objects: Sequence[str], device_type: str) -> Build:
-        _, libraries = DEVICE_BUILD[device_type]
+        del device_type  # one link for every device (see MODULE_LIBRARIES)
         sources = (*objects, *self.shared_libstdcxx)
-        return Build("module", sources, self._options(), libraries=libraries)
+        return Build(
+            "module",
+            sources,
+            self._options(),
+            ldflags=self.MODULE_LDFLAGS,
+            kept_libraries=self.MODULE_LIBRARIES,
+        )
 
     def runtime_extension(self) -> Build:
         """The runtime extension: libtorch's headers, Inductor's wrapper
@@ -901,7 +934,7 @@ def prefetch(device_type: str) -> None:
     generating a graph's code, so that in a new cache these builds overlap
     code generation instead of following it.  A failure is left for the load
     that needs the artefact to raise."""
-    if device_type not in DEVICE_BUILD:
+    if device_type not in DEVICE_DEFINITIONS:
         return
     with _prefetch_lock:
         if (cache_root(), device_type) in _prefetched:
@@ -1051,7 +1084,7 @@ class CppWrapperCodeCache:
         device_type: str = "cpu",
     ) -> ModuleType:
         """Returns the extension module built from the two sources."""
-        if device_type not in DEVICE_BUILD:
+        if device_type not in DEVICE_DEFINITIONS:
             raise NotImplementedError(
                 f"torch_cppwrap: no C++ wrapper build for {device_type!r}"
             )

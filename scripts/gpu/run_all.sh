@@ -13,9 +13,11 @@
 # PROFILE_ARGS, BENCH_TIMEOUT, BENCH_ARGS (passed to the bench, e.g.
 # --workloads seed --quick; the real-model table: --workloads models --modes
 # python,upstream,cppwrap,cppwrap-no-replay,reduce-overhead --jobs 4 --quick
-# --rounds 1; a step costs 19-34 s on one H200 whatever the model (58 s for
-# upstream's cold compile), so a 10-minute call holds about 16 steps: split
-# the models over calls; rows are written as each step ends),
+# --rounds 1; a step costs 19-43 s on one H200 whatever the model (58 s for
+# upstream's cold compile); with --jobs 4 the cold steps of four models run
+# side by side, so four models in four modes (32 steps) fit one 10-minute
+# call: split the models over calls, four a call; rows are written as each
+# step ends),
 # DIST_TEST_TIMEOUT, DIST_BENCH_TIMEOUT,
 # DIST_BENCH_ARGS (passed to bench_tp.py, e.g. --blocks 4).
 set -u -o pipefail

@@ -83,6 +83,32 @@ class TestBenchWorker(TestCase):
         self.assertGreater(result["e2e_us"], 0)
         self.assertGreater(result["call_us"], 0)
 
+    def test_a_crashed_worker_keeps_its_traceback(self) -> None:
+        from unittest import mock
+
+        # faulthandler prints the traceback, then a list of extension
+        # modules long enough to fill any tail of the output on its own.
+        traceback = 'Fatal Python error: Segmentation fault\n  File "bench.py", line 1 in step\n'
+        output = "loading...\n" + traceback + "Extension modules: " + "m, " * 5000
+        crashed = subprocess.CompletedProcess([], -11, stdout="", stderr=output)
+        with (
+            tempfile.TemporaryDirectory() as cache_dir,
+            mock.patch.object(_bench.subprocess, "run", return_value=crashed),
+        ):
+            result = _bench.spawn_worker(
+                "seed",
+                "python",
+                "warm",
+                device="cpu",
+                quick=True,
+                cache_dir=cache_dir,
+                timeout_s=300,
+            )
+        self.assertIn("SIGSEGV", result["error"])
+        self.assertTrue(
+            result["output_tail"].startswith(traceback), result["output_tail"][:200]
+        )
+
 
 class TestReport(TestCase):
     def _record(self, mode: str, scale: float) -> dict:

@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -485,6 +485,11 @@ class Budget:
     target_s: float
 
 
+# torch_cppwrap's variable naming an installation of its runtime (see
+# runtime_installation); spelt out here, since a worker that times the
+# other wrappers must not import torch_cppwrap.
+INSTALLED_RUNTIME_ENV = "TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"
+
 FULL = Budget(repeats=7, target_s=0.2)
 QUICK = Budget(repeats=3, target_s=0.05)
 
@@ -767,6 +772,23 @@ def prepare_torch_cppwrap(installed_dir: str, device: str = "cpu") -> None:
         )
 
 
+@contextlib.contextmanager
+def runtime_installation(device: str, prefix: str) -> Iterator[dict[str, str]]:
+    """The environment that points a run's workers at torch_cppwrap's runtime,
+    installed once for the run: into the directory that
+    TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR names (installed into if need be, and
+    kept), else into a temporary one, removed when the run ends."""
+    given = os.environ.get(INSTALLED_RUNTIME_ENV)
+    installed = given or tempfile.mkdtemp(prefix=prefix)
+    try:
+        progress("installing torch_cppwrap's runtime for this run...")
+        prepare_torch_cppwrap(installed, device)
+        yield {INSTALLED_RUNTIME_ENV: installed}
+    finally:
+        if given is None:
+            shutil.rmtree(installed, ignore_errors=True)
+
+
 def _merge(
     workload: str, mode: str, cold: dict[str, Any], warm: dict[str, Any]
 ) -> dict[str, Any]:
@@ -907,34 +929,27 @@ def run_bench(
                 )
                 record(workload, cold, warm)
 
-    extra_env: dict[str, str] = {}
-    installed = None
-    if any(MODES[mode].imports_torch_cppwrap for mode in modes):
-        # An installation named by the environment is used (installed into
-        # if need be) and kept; otherwise one is made for this run.
-        given = os.environ.get("TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR")
-        if given is None:
-            installed = tempfile.mkdtemp(prefix="cppwrap-bench-installed-")
-        progress("installing torch_cppwrap's runtime for this run...")
-        prepare_torch_cppwrap(given or str(installed), device)
-        extra_env["TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"] = given or str(installed)
-    try:
-        if jobs > 1:
-            with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-                colds = dict(
-                    zip(workloads, pool.map(cold_workload, workloads), strict=True)
-                )
-            for workload in workloads:
-                warm_workload(workload, colds[workload])
-        else:
-            for workload in workloads:
-                warm_workload(workload, cold_workload(workload))
-    finally:
-        for dirs in cache_dirs.values():
-            for cache_dir in dirs.values():
-                shutil.rmtree(cache_dir, ignore_errors=True)
-        if installed is not None:
-            shutil.rmtree(installed, ignore_errors=True)
+    installation: contextlib.AbstractContextManager[dict[str, str]] = (
+        runtime_installation(device, "cppwrap-bench-installed-")
+        if any(MODES[mode].imports_torch_cppwrap for mode in modes)
+        else contextlib.nullcontext({})
+    )
+    with installation as extra_env:
+        try:
+            if jobs > 1:
+                with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+                    colds = dict(
+                        zip(workloads, pool.map(cold_workload, workloads), strict=True)
+                    )
+                for workload in workloads:
+                    warm_workload(workload, colds[workload])
+            else:
+                for workload in workloads:
+                    warm_workload(workload, cold_workload(workload))
+        finally:
+            for dirs in cache_dirs.values():
+                for cache_dir in dirs.values():
+                    shutil.rmtree(cache_dir, ignore_errors=True)
     return _report(device, quick, workloads, modes, records_so_far())
 
 

@@ -37,6 +37,7 @@ record).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib.util
 import json
@@ -327,20 +328,15 @@ def main() -> int:
         if name not in bench.MODES:
             parser.error(f"unknown mode {name!r}; one of {sorted(bench.MODES)}")
 
-    extra_env: dict[str, str] = {}
-    installed = None
-    if any(bench.MODES[m].imports_torch_cppwrap for m in modes):
-        # As bench.py: torch_cppwrap's runtime extension built once, not in
-        # each child's fresh Inductor cache; an installation named by the
-        # environment is used (installed into if need be) and kept.
-        given = os.environ.get("TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR")
-        if given is None:
-            installed = tempfile.mkdtemp(prefix="profile-call-installed-")
-        progress("installing torch_cppwrap's runtime for this run...")
-        bench.prepare_torch_cppwrap(given or str(installed), "cuda")
-        extra_env["TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"] = given or str(installed)
+    # As bench.py: torch_cppwrap's runtime extension built once for the run,
+    # not in each child's fresh Inductor cache.
+    installation: contextlib.AbstractContextManager[dict[str, str]] = (
+        bench.runtime_installation("cuda", "profile-call-installed-")
+        if any(bench.MODES[m].imports_torch_cppwrap for m in modes)
+        else contextlib.nullcontext({})
+    )
     records: list[dict[str, Any]] = []
-    try:
+    with installation as extra_env:
         for workload in workloads:
             for mode in modes:
                 progress(f"== {workload} / {mode}")
@@ -350,9 +346,6 @@ def main() -> int:
                 # After each record, so that an interrupted run keeps its rows.
                 (ns.out / "profile.json").write_text(json.dumps(records, indent=1))
                 (ns.out / "profile.md").write_text(markdown(records))
-    finally:
-        if installed is not None:
-            shutil.rmtree(installed, ignore_errors=True)
     return 0
 
 

@@ -545,8 +545,8 @@ class _Toolchain:
     MODULE_LIBRARIES = ("torch", "gomp")
     MODULE_LDFLAGS = ("Wl,--no-as-needed",)
 
-    def link(self, objects: Sequence[str], device_type: str) -> Build:
-        del device_type  # one link for every device (see MODULE_LIBRARIES)
+    def link(self, objects: Sequence[str]) -> Build:
+        """A graph module's link, the same for every device."""
         sources = (*objects, *self.shared_libstdcxx)
         return Build(
             "module",
@@ -912,8 +912,7 @@ def prepare_runtime(device_type: str = "cpu", *, install: bool = False) -> None:
         objects = [build.output for build, _ in compiles]
         # A graph without C++ kernels links its wrapper alone.
         links = [
-            (tc.link(objects[:count], device_type), None)
-            for count in range(1, len(objects) + 1)
+            (tc.link(objects[:count]), None) for count in range(1, len(objects) + 1)
         ]
         for build, header in [*compiles, *links]:
             build.fingerprint()
@@ -1000,7 +999,7 @@ class GraphBuild:
         objects = [self.wrapper.output]
         if self.kernels is not None:
             objects.append(self.kernels.output)
-        self.link = tc.link(objects, device_type)
+        self.link = tc.link(objects)
         self.runtime_digest = _runtime_sources_digest()
         # Precompiled headers are left out: they change how fast a module
         # builds, not what it is.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 import textwrap
@@ -163,30 +164,50 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
                 x.copy_(torch.randn(32, 256, device="cuda"))
                 outs.append((compiled(x), model(x)))
             self.assertEqual(module.cuda_graph_state(), "ready")
+            self.assertEqual(
+                module.cuda_graph_stats(),
+                [
+                    {
+                        "state": "ready",
+                        "replays": 3,
+                        "missed": 0,
+                        "recaptures": 0,
+                        "declines": 0,
+                    }
+                ],
+            )
             # Every call's result is its own: later replays did not overwrite it.
             for actual, expected in outs:
                 self.assertEqual(actual, expected, atol=1e-3, rtol=1e-3)
 
     def test_input_at_a_new_address_each_call_is_copied_in(self) -> None:
+        # Every input but a parameter or buffer is copied in, even one that
+        # kept its address over the warm-up and the capture (an activation
+        # saved for the backward may, for a few calls): no call misses.
         model = mlp(depth=3).cuda().eval()
+        x = torch.randn(32, 256, device="cuda")
         with torch.no_grad():
-            compiled, module, _ = self.compile_module(
-                model, (torch.randn(32, 256, device="cuda"),)
-            )
-            for _ in range(5):
-                x = torch.randn(32, 256, device="cuda")
+            compiled, module, _ = self.compile_module(model, (x,))
+            for step in range(6):
+                if step >= 2:
+                    x = torch.randn(32, 256, device="cuda")
                 self.assertEqual(compiled(x), model(x), atol=1e-3, rtol=1e-3)
-            self.assertEqual(module.cuda_graph_state(), "ready")
+        (stats,) = module.cuda_graph_stats()
+        self.assertEqual((stats["replays"], stats["missed"]), (5, 0))
 
     def test_replaced_parameters_are_recaptured(self) -> None:
         def fn(x, w1, w2):
             return torch.relu(x @ w1) @ w2 + 1
 
-        args = [torch.randn(16, 32, device="cuda") for _ in range(3)]
-        args[1], args[2] = (
-            torch.randn(32, 32, device="cuda"),
-            torch.randn(32, 8, device="cuda"),
-        )
+        # Parameters: read where they are, so a replay needs them there.
+        def param(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.Parameter(t, requires_grad=False)
+
+        args = [
+            torch.randn(16, 32, device="cuda"),
+            param(torch.randn(32, 32, device="cuda")),
+            param(torch.randn(32, 8, device="cuda")),
+        ]
         # Every CUDA graph made, and how many were alive at each capture: the
         # graph a recapture replaces must be gone (with its memory pool)
         # before the new one is captured.
@@ -218,9 +239,10 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             compiled, module, _ = self.compile_module(fn, args)
             for step in range(6):
                 if step == 2:  # new weights at new addresses from here on
-                    args = [args[0], args[1].clone(), args[2].clone() * 2]
+                    args = [args[0], param(args[1].clone()), param(args[2].clone() * 2)]
                 self.assertEqual(compiled(*args), fn(*args), atol=1e-3, rtol=1e-3)
-        self.assertEqual(module.cuda_graph_state(), "ready")
+        (stats,) = module.cuda_graph_stats()
+        self.assertEqual((stats["state"], stats["recaptures"]), ("ready", 1))
         self.assertEqual(alive_at_capture, [0, 0])
         self.assertEqual(len(made), 2)
         self.assertEqual(len(capture_streams), 2)
@@ -234,12 +256,13 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         sent: list[Any] = []
         thrown: list[BaseException] = []
 
-        def sends_back(args: list[Any], first_ptrs: list[int]) -> Any:
+        def sends_back(args: list[Any], first_ptrs: list[int], draws: bool) -> Any:
             self.assertEqual(len(first_ptrs), len(args))
+            self.assertFalse(draws)
             sent.append((yield list(args)))
             return None
 
-        def fails(args: list[Any], first_ptrs: list[int]) -> Any:
+        def fails(args: list[Any], first_ptrs: list[int], draws: bool) -> Any:
             try:
                 yield [None, *args[1:]]
             except Exception as e:
@@ -267,6 +290,39 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         (error,) = thrown
         self.assertIsInstance(error, TypeError)
         self.assertIn("expected a Tensor", str(error))
+
+    def test_a_call_declined_for_its_inputs_warms_up_a_later_one(self) -> None:
+        # warm_up returns False for a call whose inputs are not to be captured
+        # (a CPU tensor where the graph was traced with a CUDA one): the call
+        # runs kernel by kernel and a later one warms up, up to 8 calls.
+        x, w = torch.randn(16, 32, device="cuda"), torch.randn(32, 32, device="cuda")
+        real_warm_up = cuda_graphs.warm_up
+        for offset, declines, states in (
+            (1, 2, ["warmup"] * 2),
+            (2, 99, ["warmup"] * 7),
+        ):
+
+            def fn(x, w, offset=offset):
+                return torch.relu(x @ w) @ w + offset
+
+            left = declines
+
+            def declining(args: list[Any]) -> Any:
+                nonlocal left
+                if left > 0:
+                    left -= 1
+                    return False
+                return (yield from real_warm_up(args))
+
+            seen = []
+            with mock.patch.object(cuda_graphs, "warm_up", declining):
+                compiled, module, _ = self.compile_module(fn, (x, w))
+                for _ in range(9):
+                    seen.append(module.cuda_graph_state())
+                    self.assertEqual(compiled(x, w), fn(x, w), atol=1e-3, rtol=1e-3)
+            after = ["capture", "ready"] if declines < 8 else ["off"]
+            self.assertEqual(seen[: len(states) + 1], [*states, after[0]])
+            self.assertEqual(seen[-1], after[-1])
 
     def test_other_stream_and_threads(self) -> None:
         def fn(x, w):
@@ -385,9 +441,9 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         captured: list[int] = []
         real_capture = cuda_graphs.capture
 
-        def counting_capture(args: list[Any], first_ptrs: list[int]) -> Any:
-            captured.append(len(args))
-            return real_capture(args, first_ptrs)
+        def counting_capture(*args: Any) -> Any:
+            captured.append(len(args[0]))
+            return real_capture(*args)
 
         # Three graphs of their own (three functions, not one recompiled),
         # each warmed up and captured while fn replays on the other thread.
@@ -473,18 +529,87 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
                 self.assertEqual(module.cuda_graph_state(), "ready")
                 self.assertEqual(out, attend(q, k, v), atol=tol, rtol=tol)
 
-    def test_attention_with_dropout_is_not_replayed_and_says_why(self) -> None:
-        def attend(q, k, v):
-            return F.scaled_dot_product_attention(q.relu(), k * 2, v + 1, dropout_p=0.5)
+    def test_random_draws_replay_as_kernels_run_one_by_one_draw(self) -> None:
+        # Dropout in attention (the op draws) and outside it (Inductor's own
+        # random kernels): each replay advances the CUDA generator, so from
+        # one seed the calls return what the Python wrapper's return, and
+        # every replay a new mask.
+        def fn(q, k, v):
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+            return F.dropout(out.relu(), 0.3, training=True) * 2
 
         q, k, v = (torch.randn(2, 4, 128, 64, device="cuda") for _ in range(3))
-        counters.clear()
         with torch.no_grad():
-            _, module, source = self.compile_module(attend, (q, k, v))
-        self.assertGreaterEqual(counters["inductor"]["cppwrap_cuda_graph_skips"], 1)
-        self.assertNotIn("GraphReplay", source)
-        self.assertIn("cuda_graph_blocker = 'the graph draws random numbers", source)
-        self.assertFalse(hasattr(module, "cuda_graph_state"))
+            compiled, module, source = self.compile_module(fn, (q, k, v))
+            self.assertIn("cuda_graph_blocker = None", source)
+            self.assertIn("/*draws_random=*/true);", source)
+            torch.manual_seed(0)
+            ours = [compiled(q, k, v) for _ in range(4)]  # capture, 3 replays
+            self.assertEqual(module.cuda_graph_state(), "ready")
+            torch._dynamo.reset()
+            python = torch.compile(fn)
+            with config.patch(cpp_wrapper=False, fx_graph_cache=False):
+                python(q, k, v)  # compiles (autotuning draws too)
+                torch.manual_seed(0)
+                theirs = [python(q, k, v) for _ in range(4)]
+        for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            self.assertEqual(a, b, atol=1e-4, rtol=1e-4, msg=f"call {step}")
+        self.assertNotEqual((ours[2] == 0).sum(), 0)
+        self.assertFalse(torch.equal(ours[2] == 0, ours[3] == 0))
+
+    def test_training_step_is_replayed(self) -> None:
+        # Its forward graph draws (dropout, attention's dropout) and returns
+        # parameters and views of one buffer for the backward, which gets
+        # attention's RNG state: CPU tensors until the forward replays.
+        class Net(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.inp = torch.nn.Linear(64, 64)
+                self.out = torch.nn.Linear(64, 64)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                h = F.dropout(F.gelu(self.inp(x)), 0.1, self.training)
+                q = h.view(2, 32, 4, 16).transpose(1, 2)
+                a = F.scaled_dot_product_attention(q, q * 2, q, dropout_p=0.1)
+                return self.out(a.transpose(1, 2).reshape(2, 32, 64))
+
+        torch.manual_seed(0)
+        model = Net().cuda().train()
+        reference = copy.deepcopy(model)
+        x = torch.randn(2, 32, 64, device="cuda")
+
+        def steps(net: torch.nn.Module, n: int) -> list[list[torch.Tensor]]:
+            compiled = torch.compile(net)
+            results = []
+            for i in range(n + 1):
+                if i == 1:  # after the step that compiled
+                    torch.manual_seed(1)
+                loss = compiled(x).square().mean()
+                loss.backward()
+                results.append([loss.detach()] + [p.grad for p in net.parameters()])
+                net.zero_grad(set_to_none=True)
+            return results[1:]
+
+        before = len(PyCodeCache.modules)
+        with our_wrappers_created() as created:
+            ours = steps(model, 5)
+        modules = [m for m in PyCodeCache.modules[before:] if hasattr(m, "call")]
+        self.assertEqual(len(created), 2)  # forward and backward
+        self.assertEqual(len(modules), 2)
+        for module in modules:
+            self.assertIsNone(module.cuda_graph_blocker)
+            (stats,) = module._module.cuda_graph_stats()
+            # The forward: warm-up, capture, 4 replays.  The backward's
+            # first call declined (CPU RNG state), then warm-up, capture and
+            # 3 replays, reading every saved activation from a copy.
+            self.assertEqual(stats["state"], "ready", stats)
+            self.assertGreaterEqual(stats["replays"], 3, stats)
+            self.assertEqual(stats["missed"], 0, stats)
+        torch._dynamo.reset()
+        with config.patch(cpp_wrapper=False, fx_graph_cache=False):
+            theirs = steps(reference, 5)
+        for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            self.assertEqual(a, b, atol=1e-4, rtol=1e-4, msg=f"step {step}")
 
     def test_training_attention_with_dropout(self) -> None:
         # Its backward graph gets the forward's RNG state (philox seed and
@@ -514,18 +639,12 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             x.add_(1)
             return (x @ y).relu() + y.sum()
 
-        def draws(x, y):
-            return (x @ y).relu() + torch.rand_like(x)
-
-        for fn in (mutates,):
-            args = (torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))
-            (source,) = self.check(fn, args, atol=1e-3, rtol=1e-3)
-            self.assertNotIn("GraphReplay", source)
-        torch._dynamo.reset()
-        _, (source,) = self.compile_and_run(
-            draws, (torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))
-        )
+        args = (torch.randn(8, 8, device="cuda"), torch.randn(8, 8, device="cuda"))
+        counters.clear()
+        (source,) = self.check(mutates, args, atol=1e-3, rtol=1e-3)
+        self.assertEqual(counters["inductor"]["cppwrap_cuda_graph_skips"], 1)
         self.assertNotIn("GraphReplay", source)
+        self.assertIn("cuda_graph_blocker = 'the graph mutates an input'", source)
 
 
 class TestDevices(CudaWrapperTestCase):

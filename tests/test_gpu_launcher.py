@@ -12,10 +12,12 @@ from typing import Any
 import sympy
 import torch
 from torch._inductor.test_case import TestCase, run_tests
+from torch._inductor.virtualized import V
 
 from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codegen import cpp_wrapper_gpu as gpu
 from torch_cppwrap._inductor.graph import _wrapper_device_type
+from torch_cppwrap._inductor.runtime import cuda_graphs
 
 FAKE_CUBIN = b"\x7fELF stand-in for a cubin \x00\x01\x02"
 
@@ -142,6 +144,109 @@ class TestRandomDraws(TestCase):
         self.assertFalse(gpu._draws_random_numbers(self.node(aten.add.Tensor)))
 
 
+class TestRngStateInputs(TestCase):
+    def test_attention_backward_names_its_rng_state_inputs(self) -> None:
+        aten = torch.ops.aten
+        graph = torch.fx.Graph()
+        grad, q, k, v, out, lse, seed, offset = (
+            graph.placeholder(n)
+            for n in ("grad", "q", "k", "v", "out", "lse", "seed", "offset")
+        )
+        graph.call_function(aten.add.Tensor, (q, k))
+        graph.call_function(
+            aten._scaled_dot_product_efficient_attention_backward.default,
+            (grad, q, k, v, None, out, lse, seed, offset, 0.1, [True] * 4),
+        )
+        wrapper = object.__new__(gpu.CppWrapperGpu)
+        names = [str(n.target) for n in graph.nodes if n.op == "placeholder"]
+        wrapper.get_graph_input_names = lambda: names  # type: ignore[method-assign]
+        with V.set_graph_handler(SimpleNamespace(graph=graph)):  # type: ignore[arg-type]
+            self.assertEqual(wrapper.rng_state_inputs, ["seed", "offset"])
+            self.assertIn(
+                "cppwrap::cuda::host_rng_state(offset);", wrapper.body_prologue()
+            )
+
+
+class TestReplayOutputs(TestCase):
+    """Where a replay takes each output from (cuda_graphs._output_sources),
+    and that the capturing call returns what a replay would.  Plain tensors
+    stand in for the graph's pool."""
+
+    def test_each_kind_of_output(self) -> None:
+        cpu = torch.device("cpu")
+        weight, moved = torch.randn(4, 4), torch.randn(8)
+        pool_a, pool_b = torch.randn(6, 4), torch.randn(3, 5)
+        outputs = (
+            pool_b,  # memory of its own: copied as it is
+            None,  # a gradient nobody asked for
+            weight,  # an input handed on (a saved parameter)
+            moved[2:6],  # a view of an input
+            pool_a,
+            pool_a.view(24)[4:12].view(2, 4),  # shares pool_a's memory
+            pool_b.t()[1:3],  # not dense, and shares pool_b's memory
+        )
+        found = cuda_graphs._output_sources(outputs, [weight, 3, moved], cpu)
+        assert not isinstance(found, str), found
+        sources, groups = found
+        kinds = [(s[0], s[2], s[3]) for s in sources]
+        self.assertEqual(
+            kinds,
+            [
+                (cuda_graphs.GROUP, 0, 0),
+                (cuda_graphs.INPUT, 0, 0),
+                (cuda_graphs.INPUT_VIEW, 2, 2),
+                (cuda_graphs.GROUP, 1, 0),
+                (cuda_graphs.GROUP, 1, 4),
+                (cuda_graphs.GROUP, 0, 1),
+            ],
+        )
+        self.assertEqual([nbytes for _, nbytes in groups], [60, 96])
+
+        # The caller's inputs, at new addresses: aliases follow them.
+        caller = [weight.clone(), 3, moved.clone()]
+        results = cuda_graphs._replayed_outputs(outputs, sources, groups, caller)
+        self.assertIsNone(results[1])
+        self.assertIs(results[2], caller[0])
+        self.assertEqual(results[3].data_ptr(), caller[2][2:].data_ptr())
+        for got, want in zip(results, outputs, strict=True):
+            if want is not None:
+                self.assertEqual(got, want)
+                self.assertEqual(got.stride(), want.stride())
+        # Copies, not the pool; and views of one copy where the pool shared.
+        self.assertNotEqual(results[4].data_ptr(), pool_a.data_ptr())
+        self.assertEqual(
+            results[5].untyped_storage().data_ptr(),
+            results[4].untyped_storage().data_ptr(),
+        )
+        self.assertEqual(
+            results[6].untyped_storage().data_ptr(),
+            results[0].untyped_storage().data_ptr(),
+        )
+
+    def test_a_lone_dense_output_is_copied_whole(self) -> None:
+        out = torch.randn(2, 3).t()  # dense in another order of dimensions
+        found = cuda_graphs._output_sources([out], [], torch.device("cpu"))
+        assert not isinstance(found, str), found
+        sources, groups = found
+        ((source, tensor, _, _, nbytes),) = sources
+        self.assertEqual((source, nbytes, groups), (cuda_graphs.OWN, 24, []))
+        self.assertIs(tensor, out)
+
+    def test_what_cannot_be_replayed_says_why(self) -> None:
+        cpu = torch.device("cpu")
+        x = torch.randn(4)
+        base = torch.randn(4)
+        for outputs, inputs, why in (
+            ([3], [], "an output is not a tensor"),
+            ([x.to("meta")], [], "an output is on meta"),
+            ([base, base.view(torch.int32)], [], "as different dtypes"),
+            ([x.view(torch.int32)], [x], "views an input as another dtype"),
+        ):
+            result = cuda_graphs._output_sources(outputs, inputs, cpu)
+            self.assertIsInstance(result, str)
+            self.assertIn(why, result)
+
+
 class TestPrefetch(TestCase):
     def test_prefetch_is_for_the_device_the_wrapper_is_for(self) -> None:
         # A CUDA graph's compile prefetches the CUDA wrapper's header, not
@@ -201,11 +306,22 @@ class TestLauncherCompiles(TestCase):
         # The entry point CppWrapperGpu writes for a graph it may replay as one
         # CUDA graph, around a stand-in body, built against our headers: for
         # fixed shapes, and for dynamic ones (one graph per value of input 2,
-        # an int, and per size of input 0).
-        for keys, n_graphs in (([], 1), ([0, 2], gpu.CppWrapperGpu.max_cuda_graphs)):
+        # an int, and per size of input 0) that draw random numbers.  Its
+        # second output is None, which a replay leaves alone.
+        graph = torch.fx.Graph()
+        dropout = graph.call_function(
+            torch.ops.aten.native_dropout.default, (graph.placeholder("x"), 0.5, True)
+        )
+        for keys, n_graphs, random_nodes in (
+            ([], 1, []),
+            ([0, 2], gpu.CppWrapperGpu.max_cuda_graphs, [dropout]),
+        ):
             wrapper = object.__new__(gpu.CppWrapperGpu)
             wrapper.__dict__["cuda_graph_blocker"] = None
-            wrapper.output_kinds = ["tensor"]
+            wrapper.__dict__["_random_nodes"] = random_nodes
+            # Input 1 is attention's RNG state where the graph draws.
+            wrapper.__dict__["rng_state_inputs"] = ["arg1_1"] if random_nodes else []
+            wrapper.output_kinds = ["tensor", "none"]
             wrapper.get_graph_input_names = lambda: ["arg0_1", "arg1_1", "s0"]  # type: ignore[method-assign]
             wrapper.get_graph_inputs = lambda: {  # type: ignore[method-assign]
                 "arg0_1": None,
@@ -215,10 +331,22 @@ class TestLauncherCompiles(TestCase):
             wrapper.cuda_graph_key_inputs = lambda keys=keys: keys  # type: ignore[method-assign]
             opening = wrapper.call_opening()
             body_opening = wrapper.body_opening()
+            prologue = wrapper.body_prologue()
+            self.assertEqual(
+                "cppwrap::cuda::host_rng_state(arg1_1);" in prologue, bool(random_nodes)
+            )
+            draws = "true" if random_nodes else "false"
             self.assertIn(
                 "static cppwrap::cuda::GraphReplays cuda_graphs(3, 1, "
-                f"{{{', '.join(map(str, keys))}}}, {n_graphs});",
+                f"{{{', '.join(map(str, keys))}}}, {n_graphs}, /*draws_random=*/{draws});",
                 opening,
+            )
+            self.assertEqual(
+                any("aten.native_dropout.default" in line for line in opening),
+                bool(random_nodes),
+            )
+            self.assertIn(
+                "cppwrap::Tensor* const graph_outputs[] = {&out0};", body_opening
             )
             if keys:
                 self.assertIn(
@@ -244,7 +372,8 @@ class TestLauncherCompiles(TestCase):
                     "CPPWRAP_MODULE_STATE()",
                     *opening,
                     "  if (!cppwrap::check_args(args, 3)) return nullptr;",
-                    "  cppwrap::Tensor arg0_1, arg1_1;",
+                    "  cppwrap::Tensor arg0_1;",
+                    "  cppwrap::Input arg1_1;",
                     "  int64_t s0 = 0;",
                     '  if (!cppwrap::unpack_tensor(args, 0, arg0_1, "arg0_1") ||',
                     '      !cppwrap::unpack_tensor(args, 1, arg1_1, "arg1_1") ||',
@@ -254,13 +383,15 @@ class TestLauncherCompiles(TestCase):
                     "  try {",
                     "    cppwrap::GilRelease nogil;",
                     *body_opening,
+                    *prologue,
                     "      cppwrap::cuda::DeviceGuard device_guard(0);",
                     "      out0 = std::move(arg0_1);",
                     "    }",
                     "  } catch (...) {",
                     "    return cppwrap::raise_current();",
                     "  }",
-                    "  return cppwrap::pack_outputs<1>({cppwrap::output(out0)});",
+                    "  return cppwrap::pack_outputs<2>(",
+                    "      {cppwrap::output(out0), cppwrap::output_none()});",
                     "}",
                     *wrapper.module_definition(),
                 ]

@@ -276,8 +276,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
             with code.indent():
                 code.writeline("cppwrap::GilRelease nogil;")
                 code.splice(self.prefix)
-                for line in self.body_opening():
+                opening = self.body_opening()
+                for line in opening:
                     code.writeline(line)
+                with code.indent(1 if opening else 0):
+                    for line in self.body_prologue():
+                        code.writeline(line)
         self.prefix = code
 
     def get_wrapper_call_indent(self) -> int:
@@ -292,6 +296,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
 
     def body_opening(self) -> list[str]:
         """Lines after the input checks that open a block around the body."""
+        return []
+
+    def body_prologue(self) -> list[str]:
+        """The body's first lines, inside the block body_opening opens."""
         return []
 
     def module_definition(self) -> list[str]:

@@ -227,7 +227,7 @@ def _layout_symbols(node: Any) -> set[sympy.Symbol]:
 
 def _draws_random_numbers(node: torch.fx.Node) -> bool:
     """Whether an FX node draws random numbers (which a replayed CUDA graph
-    would repeat unless the generator's offsets were advanced)."""
+    repeats unless the generator's offset is advanced before it)."""
     target = node.target
     name = str(getattr(target, "__name__", target))
     seeded = torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
@@ -389,8 +389,11 @@ class CppWrapperGpu(CppWrapperCpu):
             # A collective is issued and waited for on the host (c10d's work
             # registry), and every rank must take part; a replay would skip both.
             return f"the graph runs collectives ({self.collective_ops[0]})"
-        if not self.output_kinds or any(k != "tensor" for k in self.output_kinds):
+        # None outputs (gradients of inputs that need none) stay None.
+        if any(k not in ("tensor", "none") for k in self.output_kinds):
             return "an output is not a tensor"
+        if "tensor" not in self.output_kinds:
+            return "no output is a tensor"
         if V.graph.device_types - {"cuda"}:
             return "not every tensor is on the GPU"
         inputs = self.get_graph_inputs()
@@ -424,15 +427,75 @@ class CppWrapperGpu(CppWrapperCpu):
                 return f"buffer {buffer.get_name()} has a data-dependent shape"
         if V.graph.mutated_inputs & OrderedSet(self.get_graph_input_names()):
             return "the graph mutates an input"
-        for node in V.graph.graph.nodes:
-            if node.op == "call_function" and _draws_random_numbers(node):
-                return f"the graph draws random numbers ({node.target})"
+        for node in self._random_nodes:
+            # A replay advances the default CUDA generator only.
+            if node.kwargs.get("generator") is not None:
+                return f"the graph draws from a generator it is given ({node.target})"
         if self.replay_blockers:
             return self.replay_blockers[0]
         launches = sum(device == self.device for device, _ in self.launches)
         if launches < self.min_launches_for_cuda_graph:
             return f"only {launches} launch(es)"
         return None
+
+    @functools.cached_property
+    def _random_nodes(self) -> list[torch.fx.Node]:
+        return [
+            node
+            for node in V.graph.graph.nodes
+            if node.op == "call_function" and _draws_random_numbers(node)
+        ]
+
+    @property
+    def draws_random_numbers(self) -> bool:
+        """Whether the graph draws from the CUDA generator: its replays go
+        through torch.cuda.CUDAGraph.replay, which advances the generator."""
+        return bool(self._random_nodes)
+
+    @functools.cached_property
+    def rng_state_inputs(self) -> list[str]:
+        """The graph inputs that an op takes as attention's dropout RNG state
+        (philox seed and offset, from the forward): CUDA tensors when the
+        forward was replayed, which the op reads on the host unless it runs
+        under capture (cppwrap::cuda::host_rng_state)."""
+        inputs = set(self.get_graph_input_names())
+        names: list[str] = []
+        for node in V.graph.graph.nodes:
+            if node.op != "call_function" or not isinstance(
+                node.target, torch._ops.OpOverload
+            ):
+                continue
+            for index, arg in enumerate(node.target._schema.arguments):
+                if arg.name not in ("philox_seed", "philox_offset"):
+                    continue
+                value = (
+                    node.args[index]
+                    if index < len(node.args)
+                    else node.kwargs.get(arg.name)
+                )
+                if (
+                    isinstance(value, torch.fx.Node)
+                    and value.op == "placeholder"
+                    and value.target in inputs
+                    and value.target not in names
+                ):
+                    names.append(str(value.target))
+        return names
+
+    def body_prologue(self) -> list[str]:
+        if not self.rng_state_inputs:
+            return []
+        return [
+            "// Attention's RNG state, on the host unless captured (see host_rng_state).",
+            *(
+                f"cppwrap::cuda::host_rng_state({name});"
+                for name in self.rng_state_inputs
+            ),
+        ]
+
+    def _tensor_outputs(self) -> list[int]:
+        """The outputs a replay makes (the others are None)."""
+        return [i for i, kind in enumerate(self.output_kinds) if kind == "tensor"]
 
     def body_opening(self) -> list[str]:
         if self.cuda_graph_blocker is not None:
@@ -442,7 +505,7 @@ class CppWrapperGpu(CppWrapperCpu):
             "nullptr" if isinstance(graph_inputs[name], sympy.Expr) else f"&{name}"
             for name in self.get_graph_input_names()
         )
-        outputs = ", ".join(f"&out{i}" for i in range(len(self.output_kinds)))
+        outputs = ", ".join(f"&out{i}" for i in self._tensor_outputs())
         return [
             f"const cppwrap::Tensor* const graph_inputs[] = {{{inputs}}};",
             f"cppwrap::Tensor* const graph_outputs[] = {{{outputs}}};",
@@ -491,6 +554,12 @@ class CppWrapperGpu(CppWrapperCpu):
             "// Warmed up on the first call, captured on the second and replayed as",
             "// one CUDA graph from the third on; see GraphReplay.",
         ]
+        if self.draws_random_numbers:
+            targets = sorted({str(node.target) for node in self._random_nodes})
+            lines.append(
+                f"// It draws random numbers ({', '.join(targets)}): each replay "
+                "advances the CUDA generator."
+            )
         if keys:
             lines += [
                 f"// One graph per set of sizes of inputs {keys} "
@@ -499,8 +568,9 @@ class CppWrapperGpu(CppWrapperCpu):
         return [
             *lines,
             f"static cppwrap::cuda::GraphReplays cuda_graphs({n_inputs}, "
-            f"{len(self.output_kinds)}, {{{', '.join(map(str, keys))}}}, "
-            f"{self.max_cuda_graphs if keys else 1});",
+            f"{len(self._tensor_outputs())}, {{{', '.join(map(str, keys))}}}, "
+            f"{self.max_cuda_graphs if keys else 1}, "
+            f"/*draws_random=*/{'true' if self.draws_random_numbers else 'false'});",
             "",
             "static PyObject* run(PyObject* args, bool replayable);",
             "",

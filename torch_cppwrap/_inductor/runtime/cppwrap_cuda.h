@@ -90,6 +90,7 @@ struct Driver {
       void**) = nullptr;             // extra
   CUresult (*graph_launch)(CUgraphExec, CUstream) = nullptr;
   CUresult (*memcpy_dtod_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream) = nullptr;
+  CUresult (*stream_is_capturing)(CUstream, int*) = nullptr;
   std::string load_error;
 };
 
@@ -124,6 +125,7 @@ inline const Driver& driver() {
     resolve(lib, "cuLaunchKernel", d.launch_kernel, d.load_error);
     resolve(lib, "cuGraphLaunch", d.graph_launch, d.load_error);
     resolve(lib, "cuMemcpyDtoDAsync_v2", d.memcpy_dtod_async, d.load_error);
+    resolve(lib, "cuStreamIsCapturing", d.stream_is_capturing, d.load_error);
     return d;
   }();
   if (!table.load_error.empty()) {
@@ -282,6 +284,38 @@ class DeviceGuard {
 
   CUDAGuardOpaque* guard_ = nullptr;
 };
+
+// Attention's dropout hands its RNG state (philox seed and offset) from the
+// forward to the backward as CPU tensors, or as CUDA ones when the forward
+// ran under CUDA graph capture; the backward reads CUDA ones through device
+// pointers under capture, and dereferences the pointer on the host
+// otherwise.  A backward graph whose forward was replayed (CUDA ones) and
+// that itself runs kernel by kernel, not under capture, gets them on the
+// host instead.  For the inputs CppWrapperGpu.rng_state_inputs names.
+inline void host_rng_state(Input& state) {
+  int32_t type = 0;
+  int32_t index = 0;
+  check_shim(aoti_torch_get_device_type(state.get(), &type), "aoti_torch_get_device_type API call failed");
+  if (type != device::kCUDA) {
+    return;
+  }
+  check_shim(aoti_torch_get_device_index(state.get(), &index), "aoti_torch_get_device_index API call failed");
+  int capturing = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  const CUresult status =
+      driver().stream_is_capturing(static_cast<CUstream>(current_stream(index)), &capturing);
+  if (status != kSuccess) {
+    fail_driver(status, "cuStreamIsCapturing", "attention's RNG state");
+  }
+  if (capturing != 0) {
+    return;
+  }
+  int32_t dtype = 0;
+  check_shim(aoti_torch_get_dtype(state.get(), &dtype), "aoti_torch_get_dtype API call failed");
+  const int64_t ndim = api->dim(state.slot());
+  Tensor host = empty_strided(ndim, state.sizes(), state.strides(), dtype, device::kCPU, 0);
+  check_shim(aoti_torch_copy_(host.get(), state.get(), 0), "aoti_torch_copy_ API call failed");
+  state.replace(std::move(host));
+}
 
 // Scratch memory a Triton kernel asks for (`bytes` per program), from
 // PyTorch's caching allocator, so it is reused on the same stream.

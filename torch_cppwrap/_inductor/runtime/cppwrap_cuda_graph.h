@@ -21,9 +21,9 @@ namespace cuda {
 // ---- replaying the whole graph as one CUDA graph ----
 
 // A graph whose inputs and outputs are all CUDA tensors of fixed shapes, with
-// no host synchronisation, random numbers or input mutation, is captured into
-// one CUDA graph and replayed: one cuGraphLaunch instead of a launch per
-// kernel.  The life of one:
+// no host synchronisation or input mutation, is captured into one CUDA graph
+// and replayed: one cuGraphLaunch instead of a launch per kernel.  The life
+// of one:
 //
 //   1st call  warms up: torch_cppwrap._inductor.runtime.cuda_graphs.warm_up
 //             runs the kernels (this class runs them at its `yield`) on the
@@ -37,6 +37,15 @@ namespace cuda {
 //             the 2nd call still has it.  The others are copied into buffers
 //             the graph owns; the outputs are copied out of the graph's pool
 //             into fresh tensors, so what a call returns is the caller's.
+//             Outputs that share memory are copied once and stay views of
+//             one another; an output that is (a view of) an input is
+//             returned as (that view of) the caller's input.
+//
+// A graph that draws random numbers from the CUDA generator (dropout) is
+// replayed through torch.cuda.CUDAGraph.replay, which first advances the
+// generator's offset as the kernels run one by one would have; a replay then
+// draws new numbers, the ones a call kernel by kernel would have drawn.  That
+// needs the GIL, so such a replay holds the pool whole (see replay()).
 //
 // Warming up in the pool is what keeps a replayed graph's peak memory at
 // reduce-overhead's: the capture reuses the warm-up's memory, where a first
@@ -55,13 +64,30 @@ class GraphReplay {
   // kernels run for a warm-up or a capture) is not.
   enum Outcome : int { kReplayed = 0, kMissed = 1, kSkipped = 2 };
 
-  GraphReplay(size_t n_inputs, size_t n_outputs)
-      : first_ptrs_(n_inputs, nullptr), inputs_(n_inputs), outputs_(n_outputs) {}
+  GraphReplay(size_t n_inputs, size_t n_outputs, bool draws_random)
+      : draws_random_(draws_random),
+        first_ptrs_(n_inputs, nullptr),
+        inputs_(n_inputs),
+        outputs_(n_outputs) {}
   GraphReplay(const GraphReplay&) = delete;
   GraphReplay& operator=(const GraphReplay&) = delete;
 
   State state() const {
     return static_cast<State>(state_.load(std::memory_order_acquire));
+  }
+
+  // What became of the calls since the module loaded: replayed; missed (a
+  // graph was installed, but an input had moved or the call ran on another
+  // stream, so it ran kernel by kernel); graphs captured again; calls whose
+  // inputs a warm-up or capture declined.
+  struct Stats {
+    int64_t replays;
+    int64_t missed;
+    int64_t recaptures;
+    int64_t declines;
+  };
+  Stats stats() const {
+    return {replays_.load(), missed_.load(), recaptures_.load(), declines_.load()};
   }
 
   // Called with the GIL held, before the inputs are unpacked: whether this
@@ -78,17 +104,22 @@ class GraphReplay {
   // Called on every call that missed a replay and ran the kernels one by
   // one.  In the warm-up state (a first call that did not warm up: another
   // warm-up held the pool) it notes the inputs' addresses, so the next call
-  // can be captured.  Once a graph is installed, two calls in a row that
-  // could not replay because the same inputs had moved to the same new
-  // addresses (parameters that were replaced, say) have it captured again, a
-  // few times at most.
+  // can be captured; not once a warm-up has declined a call's inputs (they
+  // may be unfit again), so that a later call warms up.  Once a graph is
+  // installed, two calls in a row that could not replay because the same
+  // inputs had moved to the same new addresses (parameters that were
+  // replaced, say) have it captured again, a few times at most.
   void observe(const Tensor* const* inputs) {
     const State seen = state();
-    if (seen != kWarmup && !(seen == kReady && recaptures_ < kMaxRecaptures)) {
+    if (!(seen == kWarmup && declines_.load() == 0) &&
+        !(seen == kReady && recaptures_ < kMaxRecaptures)) {
       return;
     }
     std::lock_guard<std::mutex> lock(mutex_);
     if (state() == kWarmup) {
+      if (declines_.load() != 0) {
+        return;
+      }
       for (size_t i = 0; i < first_ptrs_.size(); ++i) {
         first_ptrs_[i] = inputs[i] != nullptr ? inputs[i]->data_ptr() : nullptr;
       }
@@ -142,10 +173,30 @@ class GraphReplay {
     if (state() != kReady) {
       return kMissed;
     }
+    if (draws_random_) {
+      // CUDAGraph.replay needs the GIL and lets it go while it launches.  A
+      // thread that took it then may be waiting, GIL held, for the pool's
+      // shares to end (graph_pool_take); so this replay takes the GIL first
+      // and the pool whole, and other graphs' calls meanwhile run kernel by
+      // kernel instead of waiting.
+      const GilHold gil;
+      if (!api->graph_pool_take()) {
+        return kSkipped;
+      }
+      const PoolTake take;
+      return queue(inputs, outputs);
+    }
     if (!api->graph_pool_try_share()) {
       return kSkipped;
     }
     const PoolShare share;
+    return queue(inputs, outputs);
+  }
+
+ private:
+  // Queues one replay on the current stream: the inputs' copies, the launch
+  // and the outputs' copies.  The caller holds the pool (a share, or whole).
+  Outcome queue(const Tensor* const* inputs, Tensor* const* outputs) {
     // Held while the copies and the launch are queued, so that two threads'
     // calls cannot interleave on the graph's buffers (the stream orders them),
     // and a new capture cannot swap the graph under this call.
@@ -154,9 +205,17 @@ class GraphReplay {
       return kMissed;
     }
     for (size_t i = 0; i < inputs_.size(); ++i) {
-      if (inputs[i] != nullptr && !inputs_[i].buffer.defined() &&
-          inputs[i]->data_ptr() != inputs_[i].captured) {
-        return kMissed;
+      if (inputs[i] == nullptr) {
+        continue;
+      }
+      if (!inputs_[i].buffer.defined()) {
+        if (inputs[i]->data_ptr() != inputs_[i].captured) {
+          ++missed_;
+          return kMissed;
+        }
+      } else if (!on_device(*inputs[i])) {
+        ++missed_;
+        return kMissed;  // a CPU tensor where the capture had a CUDA one
       }
     }
     // Makes the graph's device current (and its context, on a thread that
@@ -164,6 +223,7 @@ class GraphReplay {
     DeviceGuard device_guard(device_);
     void* stream = current_stream(device_);
     if (stream != stream_) {
+      ++missed_;
       return kMissed;
     }
     const Driver& d = driver();
@@ -176,26 +236,84 @@ class GraphReplay {
               "copying an input into the CUDA graph");
       }
     }
-    check(d.graph_launch(exec_, s), "cuGraphLaunch");
+    if (draws_random_) {
+      replay_with_generator();
+    } else {
+      check(d.graph_launch(exec_, s), "cuGraphLaunch");
+    }
+    for (Group& group : groups_) {
+      group.copy = empty_strided(1, &group.numel, &kUnitStride, group.dtype, device::kCUDA, device_);
+      check(d.memcpy_dtod_async(
+                address(group.copy.data_ptr()), address(group.pool.data_ptr()), group.bytes, s),
+            "copying outputs out of the CUDA graph");
+    }
     for (size_t i = 0; i < outputs_.size(); ++i) {
       const Output& out = outputs_[i];
-      *outputs[i] = empty_strided(
-          static_cast<int64_t>(out.sizes.size()), out.sizes.data(), out.strides.data(),
-          out.dtype, device::kCUDA, device_);
-      if (out.bytes > 0) {
-        check(d.memcpy_dtod_async(
-                  address(outputs[i]->data_ptr()), address(out.pool.data_ptr()), out.bytes, s),
-              "copying an output out of the CUDA graph");
+      const int64_t ndim = static_cast<int64_t>(out.sizes.size());
+      switch (out.source) {
+        case Output::kOwn:
+          *outputs[i] = empty_strided(
+              ndim, out.sizes.data(), out.strides.data(), out.dtype, device::kCUDA, device_);
+          if (out.bytes > 0) {
+            check(d.memcpy_dtod_async(
+                      address(outputs[i]->data_ptr()), address(out.pool.data_ptr()), out.bytes, s),
+                  "copying an output out of the CUDA graph");
+          }
+          break;
+        case Output::kGroup:
+          *outputs[i] = reinterpret_tensor(
+              groups_[out.index].copy, ndim, out.sizes.data(), out.strides.data(), out.offset);
+          break;
+        case Output::kInput:
+          *outputs[i] = inputs[out.index]->clone_ref();
+          break;
+        case Output::kInputView: {
+          const Tensor& input = *inputs[out.index];
+          int64_t base = 0;
+          check_shim(aoti_torch_get_storage_offset(input.get(), &base), "an input's storage offset");
+          *outputs[i] = reinterpret_tensor(input, ndim, out.sizes.data(), out.strides.data(), base + out.offset);
+          break;
+        }
       }
     }
+    for (Group& group : groups_) {
+      group.copy.reset();  // the outputs hold it now
+    }
+    ++replays_;
     return kReplayed;
   }
 
- private:
+  // Replays through torch.cuda.CUDAGraph.replay, which advances the CUDA
+  // generator's offsets by what the graph draws before it launches the graph
+  // on the current stream (replay_prologue).  With the GIL.
+  void replay_with_generator() {
+    PyObject* done = PyObject_CallMethod(graph_, "replay", nullptr);
+    if (done != nullptr) {
+      Py_DECREF(done);
+      return;
+    }
+    PyObject* type = nullptr;
+    PyObject* error = nullptr;
+    PyObject* traceback = nullptr;
+    PyErr_Fetch(&type, &error, &traceback);
+    PyObject* text = error != nullptr ? PyObject_Str(error) : nullptr;
+    const char* utf8 = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
+    std::string message = utf8 != nullptr ? utf8 : "unknown error";
+    PyErr_Clear();
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(error);
+    Py_XDECREF(traceback);
+    throw Error("torch.cuda.CUDAGraph.replay failed for the CUDA graph: " + message);
+  }
+
   // Takes over the graph cuda_graphs.capture made: (graph, exec, device,
-  // stream, buffers, captured_ptrs, outputs, sizes).  `buffers[i]` is the
-  // buffer input i is copied into, or None where the graph reads the input
-  // where it was captured.  False, with an exception set, when it does not fit.
+  // stream, buffers, captured, input_bytes, outputs, groups).  `buffers[i]`
+  // is the buffer input i is copied into, or None where the graph reads the
+  // input where it was captured (`captured[i]`).  Each output is (source,
+  // tensor, index, offset, bytes); see Output.  Each group is (a flat view
+  // of pool memory that several outputs share, its bytes).  False, with an
+  // exception set, when it does not fit.
   bool install(PyObject* args) {
     PyObject* graph = nullptr;
     unsigned long long exec = 0;
@@ -203,11 +321,13 @@ class GraphReplay {
     unsigned long long stream = 0;
     PyObject* buffers = nullptr;
     PyObject* captured = nullptr;
+    PyObject* input_bytes = nullptr;
     PyObject* outputs = nullptr;
-    PyObject* nbytes = nullptr;
+    PyObject* groups = nullptr;
     if (!PyArg_ParseTuple(
-            args, "OKiKO!O!O!O!", &graph, &exec, &device, &stream, &PyList_Type, &buffers,
-            &PyList_Type, &captured, &PyList_Type, &outputs, &PyList_Type, &nbytes)) {
+            args, "OKiKO!O!O!O!O!", &graph, &exec, &device, &stream, &PyList_Type, &buffers,
+            &PyList_Type, &captured, &PyList_Type, &input_bytes, &PyList_Type, &outputs,
+            &PyList_Type, &groups)) {
       return false;
     }
     std::lock_guard<std::mutex> lock(mutex_);
@@ -219,43 +339,69 @@ class GraphReplay {
     const size_t n_out = outputs_.size();
     if (static_cast<size_t>(PyList_GET_SIZE(buffers)) != n_in ||
         static_cast<size_t>(PyList_GET_SIZE(captured)) != n_in ||
-        static_cast<size_t>(PyList_GET_SIZE(outputs)) != n_out ||
-        static_cast<size_t>(PyList_GET_SIZE(nbytes)) != n_in + n_out) {
+        static_cast<size_t>(PyList_GET_SIZE(input_bytes)) != n_in ||
+        static_cast<size_t>(PyList_GET_SIZE(outputs)) != n_out) {
       PyErr_SetString(PyExc_ValueError, "torch_cppwrap: CUDA graph install: wrong list sizes");
       return false;
     }
-    for (size_t i = 0; i < n_in + n_out; ++i) {
-      size_t bytes = PyLong_AsSize_t(PyList_GET_ITEM(nbytes, static_cast<Py_ssize_t>(i)));
+    for (size_t i = 0; i < n_in; ++i) {
+      Input& in = inputs_[i];
+      PyObject* buffer = PyList_GET_ITEM(buffers, static_cast<Py_ssize_t>(i));
+      in.captured = PyLong_AsVoidPtr(PyList_GET_ITEM(captured, static_cast<Py_ssize_t>(i)));
+      in.bytes = PyLong_AsSize_t(PyList_GET_ITEM(input_bytes, static_cast<Py_ssize_t>(i)));
       if (PyErr_Occurred()) {
         return false;
       }
-      if (i < n_in) {
-        inputs_[i].bytes = bytes;
-      } else {
-        outputs_[i - n_in].bytes = bytes;
+      if (buffer != Py_None && api->unpack(buffer, in.buffer.slot(), "graph input buffer") != 0) {
+        return false;
       }
     }
-    for (size_t i = 0; i < n_in; ++i) {
-      PyObject* buffer = PyList_GET_ITEM(buffers, static_cast<Py_ssize_t>(i));
-      inputs_[i].captured = PyLong_AsVoidPtr(PyList_GET_ITEM(captured, static_cast<Py_ssize_t>(i)));
-      if (PyErr_Occurred()) {
+    groups_.clear();
+    groups_.resize(static_cast<size_t>(PyList_GET_SIZE(groups)));
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      Group& group = groups_[i];
+      PyObject* pool = nullptr;
+      Py_ssize_t bytes = 0;
+      if (!PyArg_ParseTuple(PyList_GET_ITEM(groups, static_cast<Py_ssize_t>(i)), "On", &pool, &bytes) ||
+          api->unpack(pool, group.pool.slot(), "graph output group") != 0 ||
+          !read_dtype(group.pool, group.dtype)) {
         return false;
       }
-      if (buffer != Py_None && api->unpack(buffer, inputs_[i].buffer.slot(), "graph input buffer") != 0) {
-        return false;
-      }
+      group.bytes = static_cast<size_t>(bytes);
+      group.numel = group.pool.sizes()[0];
     }
     for (size_t i = 0; i < n_out; ++i) {
       Output& out = outputs_[i];
-      if (api->unpack(PyList_GET_ITEM(outputs, static_cast<Py_ssize_t>(i)), out.pool.slot(), "graph output") != 0) {
+      int source = 0;
+      PyObject* tensor = nullptr;
+      Py_ssize_t index = 0;
+      long long offset = 0;
+      Py_ssize_t bytes = 0;
+      Tensor probe;
+      if (!PyArg_ParseTuple(
+              PyList_GET_ITEM(outputs, static_cast<Py_ssize_t>(i)), "iOnLn", &source, &tensor, &index,
+              &offset, &bytes) ||
+          api->unpack(tensor, probe.slot(), "graph output") != 0 || !read_dtype(probe, out.dtype)) {
         return false;
       }
-      const int64_t ndim = api->dim(out.pool.slot());
-      out.sizes.assign(out.pool.sizes(), out.pool.sizes() + ndim);
-      out.strides.assign(out.pool.strides(), out.pool.strides() + ndim);
-      if (aoti_torch_get_dtype(out.pool.get(), &out.dtype) != AOTI_TORCH_SUCCESS) {
-        PyErr_SetString(PyExc_RuntimeError, "torch_cppwrap: CUDA graph install: no dtype");
+      out.offset = static_cast<int64_t>(offset);
+      out.bytes = static_cast<size_t>(bytes);
+      const bool from_input = source == Output::kInput || source == Output::kInputView;
+      const bool known = (source == Output::kOwn) ||
+          (source == Output::kGroup && index >= 0 && static_cast<size_t>(index) < groups_.size()) ||
+          (from_input && index >= 0 && static_cast<size_t>(index) < n_in &&
+           inputs_[static_cast<size_t>(index)].captured != nullptr);  // a tensor input
+      if (!known) {
+        PyErr_SetString(PyExc_ValueError, "torch_cppwrap: CUDA graph install: unknown output source");
         return false;
+      }
+      out.source = static_cast<Output::Source>(source);
+      out.index = static_cast<size_t>(index);
+      const int64_t ndim = api->dim(probe.slot());
+      out.sizes.assign(probe.sizes(), probe.sizes() + ndim);
+      out.strides.assign(probe.strides(), probe.strides() + ndim);
+      if (source == Output::kOwn) {
+        out.pool = std::move(probe);  // what the replay copies out
       }
     }
     Py_INCREF(graph);
@@ -264,6 +410,15 @@ class GraphReplay {
     device_ = device;
     stream_ = reinterpret_cast<void*>(static_cast<uintptr_t>(stream));
     state_.store(kReady, std::memory_order_release);
+    return true;
+  }
+
+  // For install: false, with an exception set, where `t` has no dtype.
+  static bool read_dtype(const Tensor& t, int32_t& dtype) {
+    if (aoti_torch_get_dtype(t.get(), &dtype) != AOTI_TORCH_SUCCESS) {
+      PyErr_SetString(PyExc_RuntimeError, "torch_cppwrap: CUDA graph install: an output has no dtype");
+      return false;
+    }
     return true;
   }
 
@@ -277,8 +432,30 @@ class GraphReplay {
     }
   };
 
+  // Gives back the pool a replay took whole, however the replay ends.
+  struct PoolTake {
+    PoolTake() = default;
+    PoolTake(const PoolTake&) = delete;
+    PoolTake& operator=(const PoolTake&) = delete;
+    ~PoolTake() {
+      api->graph_pool_give();
+    }
+  };
+
+  // Holds the GIL in a block of a call that released it.
+  struct GilHold {
+    GilHold() : state_(PyGILState_Ensure()) {}
+    GilHold(const GilHold&) = delete;
+    GilHold& operator=(const GilHold&) = delete;
+    ~GilHold() {
+      PyGILState_Release(state_);
+    }
+    PyGILState_STATE state_;
+  };
+
   // The 1st call: cuda_graphs.warm_up(args) returns (this call's outputs,
-  // the inputs' addresses), or None when the graph is not to be captured.
+  // the inputs' addresses); None when the graph is not to be captured; or
+  // False when not on this call's inputs (a later call warms up instead).
   PyObject* warm_up(PyObject* args, RunKernels run_kernels) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -295,6 +472,10 @@ class GraphReplay {
     if (result == Py_None) {
       outputs = result;
       next = kOff;
+    } else if (result == Py_False) {
+      Py_DECREF(result);
+      outputs = Py_NewRef(Py_None);
+      next = give_up() ? kOff : kWarmup;
     } else if (result != nullptr) {
       if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != 2 ||
           !PyList_Check(PyTuple_GET_ITEM(result, 1)) ||
@@ -316,8 +497,9 @@ class GraphReplay {
     return outputs;
   }
 
-  // The 2nd call: cuda_graphs.capture(args, first input addresses) returns
-  // (this call's outputs, what install takes), or None.
+  // The 2nd call: cuda_graphs.capture(args, first input addresses, whether
+  // the graph draws random numbers) returns (this call's outputs, what
+  // install takes), or None, or False as warm_up does.
   PyObject* capture(PyObject* args, RunKernels run_kernels) {
     PyObject* replaced = nullptr;
     {
@@ -336,6 +518,9 @@ class GraphReplay {
       for (Output& out : outputs_) {
         out.pool.reset();
       }
+      for (Group& group : groups_) {
+        group.pool.reset();
+      }
       replaced = std::exchange(graph_, nullptr);
       exec_ = nullptr;
     }
@@ -348,10 +533,16 @@ class GraphReplay {
     for (size_t i = 0; i < first_ptrs_.size(); ++i) {
       PyList_SET_ITEM(ptrs, static_cast<Py_ssize_t>(i), PyLong_FromVoidPtr(first_ptrs_[i]));
     }
-    PyObject* result = run_steps("capture", Py_BuildValue("(ON)", args, ptrs), run_kernels);
+    PyObject* result = run_steps(
+        "capture", Py_BuildValue("(ONO)", args, ptrs, draws_random_ ? Py_True : Py_False),
+        run_kernels);
     PyObject* outputs = nullptr;
     if (result == Py_None) {
       outputs = result;
+    } else if (result == Py_False) {
+      Py_DECREF(result);
+      outputs = Py_NewRef(Py_None);
+      state_.store(give_up() ? kOff : kCapture, std::memory_order_release);
     } else if (result != nullptr) {
       // (this call's outputs, what install takes)
       if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != 2) {
@@ -361,10 +552,17 @@ class GraphReplay {
       }
       Py_DECREF(result);
     }
-    if (state() != kReady) {
+    if (state() != kReady && state() != kCapture) {
       state_.store(kOff, std::memory_order_release);
     }
     return outputs;
+  }
+
+  // After a warm-up or capture declined this call's inputs (a CPU tensor
+  // where the graph was traced with a CUDA one, as attention's RNG state is
+  // outside a capture): whether to stop trying, after a few.
+  bool give_up() {
+    return ++declines_ >= kMaxDeclines;
   }
 
   // Drives the coroutine cuda_graphs.<name>(*call_args) (call_args is a
@@ -434,13 +632,40 @@ class GraphReplay {
     void* captured = nullptr;
     size_t bytes = 0;
   };
+  // Where a replay's output comes from (cuda_graphs._output_sources decides).
   struct Output {
-    Tensor pool;  // the output as captured, in the graph's memory pool
+    enum Source : int {
+      kOwn = 0,  // copied out of `pool`, memory the output alone uses
+      kGroup = 1,  // a view of group `index`'s copy, at element `offset`
+      kInputView = 2,  // a view of input `index`, `offset` elements from its data
+      kInput = 3,  // input `index` itself
+    };
+    Source source = kOwn;
+    Tensor pool;  // kOwn: the output as captured, in the graph's memory pool
+    size_t index = 0;
+    int64_t offset = 0;
     std::vector<int64_t> sizes;
     std::vector<int64_t> strides;
     int32_t dtype = 0;
+    size_t bytes = 0;  // kOwn: what is copied
+  };
+  // Pool memory that several outputs share (or one that is not dense): each
+  // replay copies it once, and those outputs are views of the copy.
+  struct Group {
+    Tensor pool;  // a flat view of the memory, in the graph's pool
+    Tensor copy;  // this replay's copy, until the outputs hold it
+    int64_t numel = 0;
+    int32_t dtype = 0;
     size_t bytes = 0;
   };
+  static constexpr int64_t kUnitStride = 1;
+
+  // Whether `t` is a CUDA tensor, which a replay may copy into its buffer
+  // (attention's RNG state is a CPU tensor when its forward was not replayed).
+  static bool on_device(const Tensor& t) {
+    int32_t type = 0;
+    return aoti_torch_get_device_type(t.get(), &type) == AOTI_TORCH_SUCCESS && type == device::kCUDA;
+  }
 
   static CUdeviceptr address(void* ptr) {
     return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(ptr));
@@ -453,14 +678,20 @@ class GraphReplay {
   }
 
   static constexpr int kMaxRecaptures = 4;
+  static constexpr int kMaxDeclines = 8;
 
+  const bool draws_random_;
   std::atomic<int> state_{kWarmup};
   std::mutex mutex_;
   int misses_ = 0;
-  int recaptures_ = 0;
+  std::atomic<int> recaptures_{0};
+  std::atomic<int> declines_{0};
+  std::atomic<int64_t> replays_{0};
+  std::atomic<int64_t> missed_{0};
   std::vector<void*> first_ptrs_;
   std::vector<Input> inputs_;
   std::vector<Output> outputs_;
+  std::vector<Group> groups_;
   PyObject* graph_ = nullptr;  // the torch.cuda.CUDAGraph, which owns exec_ and the pool
   CUgraphExec exec_ = nullptr;
   int32_t device_ = 0;
@@ -480,9 +711,14 @@ class GraphReplays {
       size_t n_inputs,
       size_t n_outputs,
       std::initializer_list<Py_ssize_t> key_inputs,
-      size_t max_graphs)
-      : n_inputs_(n_inputs), n_outputs_(n_outputs), key_inputs_(key_inputs), max_graphs_(max_graphs) {
-    entries_.push_back({{}, std::make_unique<GraphReplay>(n_inputs, n_outputs)});
+      size_t max_graphs,
+      bool draws_random)
+      : n_inputs_(n_inputs),
+        n_outputs_(n_outputs),
+        key_inputs_(key_inputs),
+        max_graphs_(max_graphs),
+        draws_random_(draws_random) {
+    entries_.push_back({{}, make_replay()});
   }
   GraphReplays(const GraphReplays&) = delete;
   GraphReplays& operator=(const GraphReplays&) = delete;
@@ -513,7 +749,7 @@ class GraphReplays {
     if (entries_.size() >= max_graphs_) {
       return nullptr;
     }
-    entries_.push_back({key, std::make_unique<GraphReplay>(n_inputs_, n_outputs_), true});
+    entries_.push_back({key, make_replay(), true});
     return entries_.back().replay.get();
   }
 
@@ -565,10 +801,15 @@ class GraphReplays {
     return true;
   }
 
+  std::unique_ptr<GraphReplay> make_replay() const {
+    return std::make_unique<GraphReplay>(n_inputs_, n_outputs_, draws_random_);
+  }
+
   const size_t n_inputs_;
   const size_t n_outputs_;
   const std::vector<Py_ssize_t> key_inputs_;
   const size_t max_graphs_;
+  const bool draws_random_;
   std::vector<Entry> entries_;  // only ever grows: a selected replay stays put
   std::vector<int64_t> scratch_;
 };
@@ -597,10 +838,31 @@ class GraphReplays {
     }                                                                           \
     return states;                                                              \
   }                                                                             \
+  static PyObject* cppwrap_graph_stats(PyObject*, PyObject*) {                  \
+    PyObject* all = PyList_New(static_cast<Py_ssize_t>(cuda_graphs.size()));    \
+    for (size_t i = 0; all != nullptr && i < cuda_graphs.size(); ++i) {         \
+      const cppwrap::cuda::GraphReplay::Stats s = cuda_graphs.at(i).stats();    \
+      PyObject* one = Py_BuildValue(                                            \
+          "{s:s,s:L,s:L,s:L,s:L}", "state", cppwrap_graph_state_name(i),        \
+          "replays", static_cast<long long>(s.replays), "missed",               \
+          static_cast<long long>(s.missed), "recaptures",                       \
+          static_cast<long long>(s.recaptures), "declines",                     \
+          static_cast<long long>(s.declines));                                  \
+      if (one == nullptr) {                                                     \
+        Py_DECREF(all);                                                         \
+        return nullptr;                                                         \
+      }                                                                         \
+      PyList_SET_ITEM(all, static_cast<Py_ssize_t>(i), one);                    \
+    }                                                                           \
+    return all;                                                                 \
+  }                                                                             \
   CPPWRAP_DEFINE_MODULE_WITH_METHODS(                                           \
       doc,                                                                      \
       {"cuda_graph_state", (PyCFunction)cppwrap_graph_state, METH_NOARGS,       \
        "warmup, capture, capturing, ready (replaying) or off: the first "       \
        "graph's."},                                                             \
       {"cuda_graph_states", (PyCFunction)cppwrap_graph_states, METH_NOARGS,     \
-       "The state of each graph captured, one per set of sizes."}, )
+       "The state of each graph captured, one per set of sizes."},              \
+      {"cuda_graph_stats", (PyCFunction)cppwrap_graph_stats, METH_NOARGS,       \
+       "Each graph's state and counts of calls replayed, missed, captured "     \
+       "again and declined (GraphReplay::Stats)."}, )

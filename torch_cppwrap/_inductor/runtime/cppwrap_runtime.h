@@ -187,6 +187,12 @@ class Input : public Tensor {
     borrowed_ = true;
   }
 
+  // Makes the input `t` (owned) instead of what it was.
+  void replace(Tensor&& t) {
+    reset();
+    static_cast<Tensor&>(*this) = std::move(t);
+  }
+
  private:
   bool borrowed_ = false;
 };

@@ -15,9 +15,10 @@ address; :func:`capture` captures them.  From then on ``GraphReplay``
 replays the graph in C++ with no Python; see ``cppwrap_cuda_graph.h`` for
 what a replay does.
 
-Inputs that kept their address between the two calls (parameters, buffers,
-an input the caller reuses) are read where they are; a replay needs them
-there again.  The others are copied into buffers the graph owns, every call.
+Parameters and buffers (and tensors marked with
+torch._dynamo.mark_static_address) that kept their address between the two
+calls are read where they are; a replay needs them there again.  The other
+inputs are copied into buffers the graph owns, every call.
 
 Set ``TORCH_CPPWRAP_CUDA_GRAPHS=0`` to run every call kernel by kernel.
 """
@@ -27,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Generator, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 
@@ -110,37 +111,71 @@ def _storage(t: torch.Tensor) -> int:
 # sent (the kernels' outputs) and returns: this call's outputs, and the
 # arguments of GraphReplay::install (the graph, its executable, device and
 # stream, each input's buffer or None, the captured inputs' addresses (0 for
-# an int), the outputs in the graph's pool, and the bytes of every input and
-# output).
+# an int) and bytes, where each tensor output comes from (_output_sources)
+# and the pool memory that outputs share).  Or None, or False: see capture.
 Capture = Generator[
-    list[torch.Tensor], Sequence[Any], "tuple[tuple[Any, ...], tuple[Any, ...]] | None"
+    list[torch.Tensor],
+    Sequence[Any],
+    "tuple[tuple[Any, ...], tuple[Any, ...]] | Literal[False] | None",
 ]
 
 
 # What the warm-up coroutine returns: this call's outputs and the inputs'
-# addresses, for C++ to note.
+# addresses, for C++ to note (or None, or False: see warm_up).
 WarmUp = Generator[
-    list[torch.Tensor], Sequence[Any], "tuple[tuple[Any, ...], list[int]] | None"
+    list[torch.Tensor],
+    Sequence[Any],
+    "tuple[tuple[Any, ...], list[int]] | Literal[False] | None",
 ]
 
 
-def _why_not_capture(args: list[Any]) -> str | None:
+def _why_not_capture(args: list[Any]) -> tuple[str, bool] | None:
+    """Why a graph is not to be captured on this call's `args`, and whether
+    that lasts (no later call will do better) or is about these inputs only;
+    None when it may be captured."""
     if not enabled():
-        return f"{ENV_SWITCH} is off"
+        return f"{ENV_SWITCH} is off", True
     if torch.cuda.is_current_stream_capturing():
         # Someone else (mode="reduce-overhead") is capturing this call into
         # their CUDA graph; launching kernel by kernel is what they record.
-        return "the call is being captured by another CUDA graph"
+        return "the call is being captured by another CUDA graph", True
     if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
-        return "this torch cannot hand a CUDA graph to C++"
+        return "this torch cannot hand a CUDA graph to C++", True
     tensors = _tensors(args)
     if len(tensors) + sum(type(a) is int for a in args) != len(args):
-        return "an input is neither a tensor nor an int"
+        return "an input is neither a tensor nor an int", True
+    # A later call may bring CUDA tensors: attention's RNG state (philox seed
+    # and offset) is a pair of CPU tensors outside a CUDA graph and CUDA ones
+    # inside, so a backward graph gets CUDA ones once its forward replays.
     if not tensors or not all(t.is_cuda for t in tensors):
-        return "an input is not a CUDA tensor"
+        return "an input is not a CUDA tensor", False
     if any(t.device != tensors[0].device for t in tensors):
-        return "the inputs are on several devices"
+        return "the inputs are on several devices", False
     return None
+
+
+def _decline(reason: str, lasting: bool) -> Literal[False] | None:
+    """What warm_up and capture return when they decline a call: None (no
+    later call is captured either) or False (a later call may be)."""
+    log.debug(
+        "torch_cppwrap: no CUDA graph%s: %s",
+        "" if lasting else " for this call",
+        reason,
+    )
+    return None if lasting else False
+
+
+def _static(arg: torch.Tensor) -> bool:
+    """Whether an input keeps its address from call to call: a parameter or
+    buffer (which Dynamo marks), or a tensor marked with
+    torch._dynamo.mark_static_address.  A replay reads these where they are;
+    it copies any other input into a buffer of its own, as cudagraph trees
+    do: an activation the forward saved for the backward may come back at
+    the same address for a few calls, and then not."""
+    return (
+        isinstance(arg, torch.nn.Parameter)
+        or getattr(arg, "_dynamo_static_input_type", None) is not None
+    )
 
 
 def _tensors(args: Sequence[Any]) -> list[torch.Tensor]:
@@ -158,14 +193,15 @@ def warm_up(args: list[Any]) -> WarmUp:
     kernels on the capture stream, allocating from the memory pool that the
     capture (the next call) takes its memory from, so that the capture reuses
     this run's memory instead of adding its own.  Returns this call's outputs
-    (copied out of the pool) and the inputs' addresses, or None when the
-    graph is not to be captured: the module then runs this call, and every
-    later one, kernel by kernel.  A failed run is thrown in at the `yield`
-    and goes on up: the call fails as it would have, and the next warms up."""
+    (copied out of the pool) and the inputs' addresses; None when the graph
+    is not to be captured: the module then runs this call, and every later
+    one, kernel by kernel; False when not on these inputs: this call runs
+    kernel by kernel, and the next warms up (a few times at most).  A failed
+    run is thrown in at the `yield` and goes on up: the call fails as it
+    would have, and the next warms up."""
     why = _why_not_capture(args)
     if why is not None:
-        log.debug("torch_cppwrap: no CUDA graph: %s", why)
-        return None
+        return _decline(*why)
     inputs = list(args)  # the module's call may clear the list it is given
     device = _tensors(inputs)[0].device
     stream = torch.cuda.current_stream(device)
@@ -219,17 +255,20 @@ def _copied_out(
     return tuple(results)
 
 
-def capture(args: list[Any], first_ptrs: list[int]) -> Capture:
+def capture(
+    args: list[Any], first_ptrs: list[int], draws_random: bool = False
+) -> Capture:
     """Captures a module's graph on this call's `args`, for C++ to install.
     Returns None when the graph is not to be captured: the module then runs
-    this call, and every later one, kernel by kernel.  A failed kernel run is
-    thrown in at the `yield` it answers."""
+    this call, and every later one, kernel by kernel; False, as warm_up does,
+    when not on these inputs.  A failed kernel run is thrown in at the
+    `yield` it answers.  `draws_random`: the graph draws from the CUDA
+    generator, which a replay advances (GraphReplay::replay_with_generator)."""
     why = _why_not_capture(args)
     if why is not None:
-        log.debug("torch_cppwrap: no CUDA graph: %s", why)
-        return None
+        return _decline(*why)
     try:
-        return (yield from _capture(args, first_ptrs))
+        return (yield from _capture(args, first_ptrs, draws_random))
     except Exception as e:  # the module falls back to launching kernel by kernel
         log.warning(
             "torch_cppwrap: capturing the graph as a CUDA graph failed; it runs "
@@ -239,14 +278,16 @@ def capture(args: list[Any], first_ptrs: list[int]) -> Capture:
         return None
 
 
-def _capture(args: list[Any], first_ptrs: list[int]) -> Capture:
+def _capture(args: list[Any], first_ptrs: list[int], draws_random: bool) -> Capture:
     if len(args) != len(first_ptrs):
         return None
     device = _tensors(args)[0].device
     buffers: list[torch.Tensor | None] = []
     graph_inputs: list[Any] = []
     for arg, first in zip(args, first_ptrs, strict=True):
-        if not isinstance(arg, torch.Tensor) or arg.data_ptr() == first:
+        if not isinstance(arg, torch.Tensor) or (
+            arg.data_ptr() == first and _static(arg)
+        ):
             buffers.append(None)
             graph_inputs.append(arg)
             continue
@@ -269,11 +310,17 @@ def _capture(args: list[Any], first_ptrs: list[int]) -> Capture:
         # its handle per thread and its workspace per stream, neither of which
         # may happen while capturing (a failed capture can leave the CUDA
         # generator thinking it is still capturing).  In the pool, where the
-        # warm-up's memory is cached for it.
+        # warm-up's memory is cached for it.  What it draws from the CUDA
+        # generator is drawn again by the replay below, so that this call
+        # returns the numbers a call kernel by kernel would have.
+        generator = torch.cuda.default_generators[device.index]
+        rng_state = generator.get_state() if draws_random else None
         side.wait_stream(stream)
         with torch.cuda.stream(side), torch.cuda.use_mem_pool(pool, device):
             yield list(graph_inputs)
         side.synchronize()
+        if rng_state is not None:
+            generator.set_state(rng_state)
         # thread_local: other threads keep running kernel by kernel meanwhile.
         with torch.cuda.graph(
             graph,
@@ -283,26 +330,15 @@ def _capture(args: list[Any], first_ptrs: list[int]) -> Capture:
         ):
             outputs = tuple((yield list(graph_inputs)))
 
-    input_storages = {_storage(t) for t in _tensors(graph_inputs)}
-    output_storages = [
-        _storage(t) if isinstance(t, torch.Tensor) else None for t in outputs
-    ]
-    if (
-        not all(
-            isinstance(t, torch.Tensor) and t.device == device and _dense(t)
-            for t in outputs
-        )
-        or len(set(output_storages)) != len(outputs)
-        or input_storages & set(output_storages)
-    ):
-        log.debug(
-            "torch_cppwrap: an output is not a dense tensor of its own; no CUDA graph"
-        )
+    sources = _output_sources(outputs, graph_inputs, device)
+    if isinstance(sources, str):
+        log.debug("torch_cppwrap: no CUDA graph: %s", sources)
         return None
+    tensor_outputs, groups = sources
 
     with torch.cuda.stream(stream):
-        graph.replay()
-        results = tuple(t.clone() for t in outputs)
+        graph.replay()  # advances the CUDA generator, as a replay from C++ does
+        results = _replayed_outputs(outputs, tensor_outputs, groups, args)
     log.debug(
         "torch_cppwrap: graph captured; %d input(s) copied per call",
         sum(b is not None for b in buffers),
@@ -314,7 +350,132 @@ def _capture(args: list[Any], first_ptrs: list[int]) -> Capture:
         stream.cuda_stream,
         buffers,
         [_address(a) for a in graph_inputs],
-        list(outputs),
-        [_nbytes(a) if isinstance(a, torch.Tensor) else 0 for a in graph_inputs]
-        + [_nbytes(t) for t in outputs],
+        [_nbytes(a) if isinstance(a, torch.Tensor) else 0 for a in graph_inputs],
+        tensor_outputs,
+        groups,
     )
+
+
+# Where a replay's tensor output comes from: GraphReplay::Output::Source.
+OWN, GROUP, INPUT_VIEW, INPUT = 0, 1, 2, 3
+
+# One tensor output for GraphReplay::install: (source, the output as
+# captured, the group's or input's index, an element offset, bytes to copy).
+OutputSource = tuple[int, torch.Tensor, int, int, int]
+
+
+def _extent(t: torch.Tensor) -> int:
+    """The bytes from `t`'s first element to just past its last."""
+    if t.numel() == 0:
+        return 0
+    last = sum(
+        (size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True)
+    )
+    return (last + 1) * t.element_size()
+
+
+def _output_sources(
+    outputs: Sequence[Any], graph_inputs: Sequence[Any], device: torch.device
+) -> tuple[list[OutputSource], list[tuple[torch.Tensor, int]]] | str:
+    """Where a replay takes each tensor output of the captured `outputs` from
+    (None outputs are left out), and the pool memory that several outputs
+    share (a flat view of it, and its bytes), copied once per replay; or why
+    the graph cannot be replayed.
+
+    An output that is an input, or a view of one (AOTAutograd hands saved
+    parameters to the backward this way), is the caller's input (or that
+    view of it) on a replay.  Outputs that share pool memory (a view of an
+    output is an output too), or one that does not fill its memory, are views
+    of one copy of that memory, so they keep their aliasing."""
+    inputs: dict[int, int] = {}
+    for index, arg in enumerate(graph_inputs):
+        if isinstance(arg, torch.Tensor):
+            inputs.setdefault(_storage(arg), index)
+    shared: dict[int, list[torch.Tensor]] = {}
+    for t in outputs:
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            return "an output is not a tensor"
+        if t.device != device:
+            return f"an output is on {t.device}, not {device}"
+        if t.numel() > 0 and _storage(t) not in inputs:
+            shared.setdefault(_storage(t), []).append(t)
+
+    groups: list[tuple[torch.Tensor, int]] = []
+    group_of: dict[int, tuple[int, int]] = {}  # storage -> (group, its first byte)
+    for storage, views in shared.items():
+        if len(views) == 1 and _dense(views[0]):
+            continue
+        if len({v.dtype for v in views}) != 1:
+            return "outputs share memory as different dtypes"
+        first = min(v.data_ptr() for v in views)
+        end = max(v.data_ptr() + _extent(v) for v in views)
+        size = views[0].element_size()
+        if (first - storage) % size or any(
+            (v.data_ptr() - first) % size for v in views
+        ):
+            return "outputs share memory at unaligned offsets"
+        flat = torch.empty(0, dtype=views[0].dtype, device=device).set_(
+            views[0].untyped_storage(),
+            (first - storage) // size,
+            ((end - first) // size,),
+            (1,),
+        )
+        group_of[storage] = (len(groups), first)
+        groups.append((flat, end - first))
+
+    sources: list[OutputSource] = []
+    for t in outputs:
+        if t is None:
+            continue
+        storage = _storage(t)
+        if t.numel() > 0 and storage in inputs:
+            index = inputs[storage]
+            arg = graph_inputs[index]
+            delta = t.data_ptr() - arg.data_ptr()
+            if t.dtype != arg.dtype or delta % t.element_size():
+                return "an output views an input as another dtype"
+            same = delta == 0 and t.shape == arg.shape and t.stride() == arg.stride()
+            sources.append(
+                (INPUT if same else INPUT_VIEW, t, index, delta // t.element_size(), 0)
+            )
+        elif storage in group_of:
+            index, first = group_of[storage]
+            sources.append(
+                (GROUP, t, index, (t.data_ptr() - first) // t.element_size(), 0)
+            )
+        else:
+            sources.append((OWN, t, 0, 0, _nbytes(t)))
+    return sources, groups
+
+
+def _replayed_outputs(
+    outputs: Sequence[Any],
+    sources: Sequence[OutputSource],
+    groups: Sequence[tuple[torch.Tensor, int]],
+    args: Sequence[Any],
+) -> tuple[Any, ...]:
+    """What the capturing call returns, taken as a replay from C++ takes it
+    (GraphReplay::queue): copies of the pool's memory, and the caller's own
+    `args` where an output is (a view of) an input."""
+    copies = [flat.clone() for flat, _ in groups]
+    pending = iter(sources)
+    results: list[Any] = []
+    for t in outputs:
+        if t is None:
+            results.append(None)
+            continue
+        source, _, index, offset, _ = next(pending)
+        if source == OWN:
+            results.append(t.clone())
+        elif source == GROUP:
+            results.append(copies[index].as_strided(t.shape, t.stride(), offset))
+        elif source == INPUT:
+            results.append(args[index])
+        else:
+            arg = args[index]
+            results.append(
+                arg.as_strided(t.shape, t.stride(), arg.storage_offset() + offset)
+            )
+    return tuple(results)

@@ -645,9 +645,12 @@ def _replay_state(module: Any) -> dict[str, Any]:
     if wrapper_kind(module) != "torch_cppwrap":
         return {"wrapper": wrapper_kind(module)}
     state = getattr(module._module, "cuda_graph_state", None)
+    stats = getattr(module._module, "cuda_graph_stats", None)
     return {
         "state": state() if state is not None else "kernel by kernel",
         "blocker": getattr(module, "cuda_graph_blocker", None),
+        # Per graph (one per set of sizes): calls replayed, missed, ...
+        "stats": stats() if stats is not None else None,
     }
 
 

@@ -232,6 +232,18 @@ class TestReplayOutputs(TestCase):
         self.assertEqual((source, nbytes, groups), (cuda_graphs.OWN, 24, []))
         self.assertIs(tensor, out)
 
+    def test_a_copy_spans_first_to_last_element(self) -> None:
+        # What a replay copies of an input that moved: gaps and all.
+        base = torch.randn(4, 6)
+        for t, nbytes in (
+            (base, 96),
+            (base.t(), 96),
+            (base[:, 1:3], 80),  # elements 0 to 19 of its view
+            (torch.randn(6).expand(4, 6), 24),
+            (base[:0], 0),
+        ):
+            self.assertEqual(cuda_graphs._extent(t), nbytes, t.stride())
+
     def test_what_cannot_be_replayed_says_why(self) -> None:
         cpu = torch.device("cpu")
         x = torch.randn(4)

@@ -630,7 +630,7 @@ class GraphReplay {
   struct Input {
     Tensor buffer;  // defined: the input is copied here before each replay
     void* captured = nullptr;
-    size_t bytes = 0;
+    size_t bytes = 0;  // from its first element to just past its last
   };
   // Where a replay's output comes from (cuda_graphs._output_sources decides).
   struct Output {

@@ -291,9 +291,10 @@ def _capture(args: list[Any], first_ptrs: list[int], draws_random: bool) -> Capt
             buffers.append(None)
             graph_inputs.append(arg)
             continue
-        if not _dense(arg):
-            log.debug("torch_cppwrap: a moving input is not dense; no CUDA graph")
-            return None
+        # Of the input's sizes and strides, as the kernels read it: a replay
+        # copies the bytes from its first element to its last (_extent), gaps
+        # and all.  The layout is the one the graph was compiled for, which
+        # the module's input checks assert (config.size_asserts).
         buffer = torch.empty_strided(
             arg.size(), arg.stride(), dtype=arg.dtype, device=arg.device
         )
@@ -350,7 +351,7 @@ def _capture(args: list[Any], first_ptrs: list[int], draws_random: bool) -> Capt
         stream.cuda_stream,
         buffers,
         [_address(a) for a in graph_inputs],
-        [_nbytes(a) if isinstance(a, torch.Tensor) else 0 for a in graph_inputs],
+        [_extent(a) if isinstance(a, torch.Tensor) else 0 for a in graph_inputs],
         tensor_outputs,
         groups,
     )

@@ -380,14 +380,20 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
     def test_switched_off_by_the_environment(self) -> None:
         model = mlp(depth=2).cuda().eval()
         x = torch.randn(32, 256, device="cuda")
+        counters.clear()
         with (
             torch.no_grad(),
             mock.patch.dict("os.environ", {"TORCH_CPPWRAP_CUDA_GRAPHS": "0"}),
+            self.assertLogs(cuda_graphs.perf_hint_log, "INFO") as logs,
         ):
             compiled, module, _ = self.compile_module(model, (x,))
             for _ in range(3):
                 self.assertEqual(compiled(x), model(x), atol=1e-3, rtol=1e-3)
             self.assertEqual(module.cuda_graph_state(), "off")
+        # Said once, and counted.
+        self.assertEqual(counters["inductor"]["cppwrap_cuda_graph_runtime_skips"], 1)
+        (said,) = logs.output
+        self.assertIn("TORCH_CPPWRAP_CUDA_GRAPHS is off", said)
 
     def test_graphs_share_one_memory_pool_and_keep_their_results(self) -> None:
         first, second = mlp(depth=3).cuda().eval(), mlp(depth=3).cuda().eval()

@@ -31,8 +31,12 @@ from collections.abc import Generator, Sequence
 from typing import Any, Literal, cast
 
 import torch
+from torch._dynamo.utils import counters
 
 log = logging.getLogger(__name__)
+# Where a graph that will not be replayed says why (TORCH_LOGS=perf_hints), as
+# CppWrapperGpu does for what it sees at compile time.
+perf_hint_log = torch._logging.getArtifactLogger(__name__, "perf_hints")
 
 ENV_SWITCH = "TORCH_CPPWRAP_CUDA_GRAPHS"
 
@@ -157,12 +161,21 @@ def _why_not_capture(args: list[Any]) -> tuple[str, bool] | None:
 def _decline(reason: str, lasting: bool) -> Literal[False] | None:
     """What warm_up and capture return when they decline a call: None (no
     later call is captured either) or False (a later call may be)."""
-    log.debug(
-        "torch_cppwrap: no CUDA graph%s: %s",
-        "" if lasting else " for this call",
+    if not lasting:
+        log.debug("torch_cppwrap: no CUDA graph for this call: %s", reason)
+        return False
+    _not_replayed(reason)
+    return None
+
+
+def _not_replayed(reason: str) -> None:
+    """Says why a graph runs kernel by kernel from now on, and counts it."""
+    counters["inductor"]["cppwrap_cuda_graph_runtime_skips"] += 1
+    perf_hint_log.info(
+        "torch_cppwrap: a graph launches its kernels one by one, not as a CUDA "
+        "graph: %s",
         reason,
     )
-    return None if lasting else False
 
 
 def _static(arg: torch.Tensor) -> bool:
@@ -333,7 +346,7 @@ def _capture(args: list[Any], first_ptrs: list[int], draws_random: bool) -> Capt
 
     sources = _output_sources(outputs, graph_inputs, device)
     if isinstance(sources, str):
-        log.debug("torch_cppwrap: no CUDA graph: %s", sources)
+        _not_replayed(sources)
         return None
     tensor_outputs, groups = sources
 

@@ -196,21 +196,28 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         self.assertEqual((stats["replays"], stats["missed"]), (5, 0))
 
     def test_input_that_is_not_dense_is_copied_in_whole(self) -> None:
-        # A transposed slice at a new address each call (as an activation
-        # saved for a backward can be): copied from its first element to its
-        # last, gaps and all, into a buffer of the same layout.
-        def fn(x, w):
-            return torch.relu(x @ w) @ w + 1
-
+        # A transposed slice, and an expanded row, at a new address each call
+        # (as an activation saved for a backward can be): copied from the
+        # first element to the last, gaps and all, into a buffer of the same
+        # layout.
         w = torch.nn.Parameter(torch.randn(32, 32, device="cuda"), requires_grad=False)
-        x = torch.randn(64, 48, device="cuda")[4:36, 8:40].t()
-        with torch.no_grad():
-            compiled, module, _ = self.compile_module(fn, (x, w))
-            for _ in range(5):
-                x = torch.randn(64, 48, device="cuda")[4:36, 8:40].t()
-                self.assertEqual(compiled(x, w), fn(x, w), atol=1e-3, rtol=1e-3)
-        (stats,) = module.cuda_graph_stats()
-        self.assertEqual((stats["replays"], stats["missed"]), (4, 0))
+        layouts: list[Callable[[], torch.Tensor]] = [
+            lambda: torch.randn(64, 48, device="cuda")[4:36, 8:40].t(),
+            lambda: torch.randn(32, device="cuda").expand(16, 32),
+        ]
+        for offset, make in enumerate(layouts):
+
+            def fn(x, w, offset=offset):
+                return torch.relu(x @ w) @ w + offset
+
+            torch._dynamo.reset()
+            with torch.no_grad():
+                compiled, module, _ = self.compile_module(fn, (make(), w))
+                for _ in range(5):
+                    x = make()
+                    self.assertEqual(compiled(x, w), fn(x, w), atol=1e-3, rtol=1e-3)
+            (stats,) = module.cuda_graph_stats()
+            self.assertEqual((stats["replays"], stats["missed"]), (4, 0), offset)
 
     def test_replaced_parameters_are_recaptured(self) -> None:
         def fn(x, w1, w2):

@@ -244,6 +244,22 @@ class TestReplayOutputs(TestCase):
         ):
             self.assertEqual(cuda_graphs._extent(t), nbytes, t.stride())
 
+    def test_a_moving_input_is_buffered_with_its_layout(self) -> None:
+        base = torch.randn(6, 8)
+        for arg in (
+            base[1:5, 2:7].t(),  # strided, with gaps
+            torch.randn(8).expand(5, 8),  # elements sharing memory
+            base[2:2],  # empty
+        ):
+            buffer = cuda_graphs._input_buffer(arg)
+            self.assertEqual(buffer, arg)
+            self.assertEqual(buffer.stride(), arg.stride())
+            self.assertEqual(buffer.storage_offset(), 0)
+            # What a replay copies (from data_ptr, _extent bytes) fits in it.
+            self.assertEqual(
+                buffer.untyped_storage().nbytes(), cuda_graphs._extent(arg)
+            )
+
     def test_what_cannot_be_replayed_says_why(self) -> None:
         cpu = torch.device("cpu")
         x = torch.randn(4)

@@ -291,6 +291,20 @@ def capture(
         return None
 
 
+def _input_buffer(arg: torch.Tensor) -> torch.Tensor:
+    """The buffer a moving input is copied into before each replay, holding
+    this call's value: of the input's sizes and strides, as the kernels read
+    it.  A replay copies the bytes from the input's first element to its last
+    (_extent), gaps and all, and so does this (an expanded input, whose
+    elements share memory, could not be copied element by element).  The
+    layout is the one the graph was compiled for, which the module's input
+    checks assert (config.size_asserts)."""
+    span = _extent(arg) // arg.element_size()
+    flat = torch.empty(span, dtype=arg.dtype, device=arg.device)
+    flat.copy_(arg.as_strided((span,), (1,)))
+    return flat.as_strided(arg.size(), arg.stride())
+
+
 def _capture(args: list[Any], first_ptrs: list[int], draws_random: bool) -> Capture:
     if len(args) != len(first_ptrs):
         return None
@@ -304,14 +318,7 @@ def _capture(args: list[Any], first_ptrs: list[int], draws_random: bool) -> Capt
             buffers.append(None)
             graph_inputs.append(arg)
             continue
-        # Of the input's sizes and strides, as the kernels read it: a replay
-        # copies the bytes from its first element to its last (_extent), gaps
-        # and all.  The layout is the one the graph was compiled for, which
-        # the module's input checks assert (config.size_asserts).
-        buffer = torch.empty_strided(
-            arg.size(), arg.stride(), dtype=arg.dtype, device=arg.device
-        )
-        buffer.copy_(arg)
+        buffer = _input_buffer(arg)
         buffers.append(buffer)
         graph_inputs.append(buffer)
 

@@ -143,6 +143,15 @@ class TestRandomDraws(TestCase):
             self.assertTrue(gpu._draws_random_numbers(node), node.target)
         self.assertFalse(gpu._draws_random_numbers(self.node(aten.add.Tensor)))
 
+    def test_attention_backward_draws_nothing_of_its_own(self) -> None:
+        # Tagged as seeded, with a dropout: it redraws its forward's mask from
+        # the RNG state it is given (philox seed and offset).
+        aten = torch.ops.aten
+        backward = aten._scaled_dot_product_efficient_attention_backward.default
+        self.assertIn(torch.Tag.nondeterministic_seeded, backward.tags)
+        node = self.node(backward, *[None] * 6, 0.1, [True] * 4)
+        self.assertFalse(gpu._draws_random_numbers(node))
+
 
 class TestRngStateInputs(TestCase):
     def test_attention_backward_names_its_rng_state_inputs(self) -> None:

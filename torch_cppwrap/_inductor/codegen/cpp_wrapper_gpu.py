@@ -225,6 +225,18 @@ def _layout_symbols(node: Any) -> set[sympy.Symbol]:
     return _free_symbols([*node.get_size(), *node.get_stride()])
 
 
+# The arguments by which attention's backward takes its forward's dropout
+# RNG state (philox seed and offset).
+RNG_STATE_ARGUMENTS = ("philox_seed", "philox_offset")
+
+
+def _takes_rng_state(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is not None and any(
+        arg.name in RNG_STATE_ARGUMENTS for arg in schema.arguments
+    )
+
+
 def _draws_random_numbers(node: torch.fx.Node) -> bool:
     """Whether an FX node draws random numbers (which a replayed CUDA graph
     repeats unless the generator's offset is advanced before it)."""
@@ -234,6 +246,10 @@ def _draws_random_numbers(node: torch.fx.Node) -> bool:
     if not seeded and not any(
         word in name for word in ("rand", "seed", "bernoulli", "dropout")
     ):
+        return False
+    # Attention's backward is tagged as seeded too, but redraws its forward's
+    # mask from the RNG state it is given, not from the generator.
+    if _takes_rng_state(target):
         return False
     # Attention kernels are tagged as seeded for their dropout; with none (as
     # in eval) they draw nothing and capture like any other kernel.
@@ -466,7 +482,7 @@ class CppWrapperGpu(CppWrapperCpu):
             ):
                 continue
             for index, arg in enumerate(node.target._schema.arguments):
-                if arg.name not in ("philox_seed", "philox_offset"):
+                if arg.name not in RNG_STATE_ARGUMENTS:
                     continue
                 value = (
                     node.args[index]

@@ -285,6 +285,13 @@ class DeviceGuard {
   CUDAGuardOpaque* guard_ = nullptr;
 };
 
+// Whether `t` is a CUDA tensor: a 0-d CPU tensor may stand where a CUDA one
+// was traced (cppwrap::check_input lets it).
+inline bool on_cuda(const Tensor& t) {
+  int32_t type = 0;
+  return aoti_torch_get_device_type(t.get(), &type) == AOTI_TORCH_SUCCESS && type == device::kCUDA;
+}
+
 // Attention's dropout hands its RNG state (philox seed and offset) from the
 // forward to the backward as CPU tensors, or as CUDA ones when the forward
 // ran under CUDA graph capture; the backward reads CUDA ones through device
@@ -293,12 +300,10 @@ class DeviceGuard {
 // that itself runs kernel by kernel, not under capture, gets them on the
 // host instead.  For the inputs CppWrapperGpu.rng_state_inputs names.
 inline void host_rng_state(Input& state) {
-  int32_t type = 0;
-  int32_t index = 0;
-  check_shim(aoti_torch_get_device_type(state.get(), &type), "aoti_torch_get_device_type API call failed");
-  if (type != device::kCUDA) {
+  if (!on_cuda(state)) {
     return;
   }
+  int32_t index = 0;
   check_shim(aoti_torch_get_device_index(state.get(), &index), "aoti_torch_get_device_index API call failed");
   int capturing = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
   const CUresult status =

@@ -213,7 +213,7 @@ class GraphReplay {
           ++missed_;
           return kMissed;
         }
-      } else if (!on_device(*inputs[i])) {
+      } else if (inputs_[i].scalar && !on_cuda(*inputs[i])) {
         ++missed_;
         return kMissed;  // a CPU tensor where the capture had a CUDA one
       }
@@ -352,8 +352,12 @@ class GraphReplay {
       if (PyErr_Occurred()) {
         return false;
       }
-      if (buffer != Py_None && api->unpack(buffer, in.buffer.slot(), "graph input buffer") != 0) {
-        return false;
+      in.scalar = false;
+      if (buffer != Py_None) {
+        if (api->unpack(buffer, in.buffer.slot(), "graph input buffer") != 0) {
+          return false;
+        }
+        in.scalar = api->dim(in.buffer.slot()) == 0;
       }
     }
     groups_.clear();
@@ -631,6 +635,10 @@ class GraphReplay {
     Tensor buffer;  // defined: the input is copied here before each replay
     void* captured = nullptr;
     size_t bytes = 0;  // from its first element to just past its last
+    // 0-d: the one kind of input that may come as a CPU tensor (attention's
+    // RNG state when its forward was not replayed), which a replay cannot
+    // copy from; each replay looks.
+    bool scalar = false;
   };
   // Where a replay's output comes from (cuda_graphs._output_sources decides).
   struct Output {
@@ -659,13 +667,6 @@ class GraphReplay {
     size_t bytes = 0;
   };
   static constexpr int64_t kUnitStride = 1;
-
-  // Whether `t` is a CUDA tensor, which a replay may copy into its buffer
-  // (attention's RNG state is a CPU tensor when its forward was not replayed).
-  static bool on_device(const Tensor& t) {
-    int32_t type = 0;
-    return aoti_torch_get_device_type(t.get(), &type) == AOTI_TORCH_SUCCESS && type == device::kCUDA;
-  }
 
   static CUdeviceptr address(void* ptr) {
     return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(ptr));

@@ -183,13 +183,13 @@ class GraphReplay {
       if (!api->graph_pool_take()) {
         return kSkipped;
       }
-      const PoolTake take;
+      const PoolHold take(api->graph_pool_give);
       return queue(inputs, outputs);
     }
     if (!api->graph_pool_try_share()) {
       return kSkipped;
     }
-    const PoolShare share;
+    const PoolHold share(api->graph_pool_unshare);
     return queue(inputs, outputs);
   }
 
@@ -426,24 +426,16 @@ class GraphReplay {
     return true;
   }
 
-  // Releases the pool's share a replay took, however the replay ends.
-  struct PoolShare {
-    PoolShare() = default;
-    PoolShare(const PoolShare&) = delete;
-    PoolShare& operator=(const PoolShare&) = delete;
-    ~PoolShare() {
-      api->graph_pool_unshare();
+  // Gives back what a replay took of the pool (a share, or the whole),
+  // however the replay ends.
+  struct PoolHold {
+    explicit PoolHold(void (*give_back)()) : give_back_(give_back) {}
+    PoolHold(const PoolHold&) = delete;
+    PoolHold& operator=(const PoolHold&) = delete;
+    ~PoolHold() {
+      give_back_();
     }
-  };
-
-  // Gives back the pool a replay took whole, however the replay ends.
-  struct PoolTake {
-    PoolTake() = default;
-    PoolTake(const PoolTake&) = delete;
-    PoolTake& operator=(const PoolTake&) = delete;
-    ~PoolTake() {
-      api->graph_pool_give();
-    }
+    void (*give_back_)();
   };
 
   // Holds the GIL in a block of a call that released it.

@@ -437,11 +437,8 @@ def _output_sources(
             (v.data_ptr() - first) % size for v in views
         ):
             return "outputs share memory at unaligned offsets"
-        flat = torch.empty(0, dtype=views[0].dtype, device=device).set_(
-            views[0].untyped_storage(),
-            (first - storage) // size,
-            ((end - first) // size,),
-            (1,),
+        flat = views[0].as_strided(
+            ((end - first) // size,), (1,), (first - storage) // size
         )
         group_of[storage] = (len(groups), first)
         groups.append((flat, end - first))

@@ -84,6 +84,70 @@ class TestTritonKernels(CudaWrapperTestCase):
             )
         self.assertRegex(source, r"aoti_torch_cuda_(mm|addmm)_out")
 
+    def launchers_made(self, fn: Callable[..., Any], args: Sequence[Any]) -> dict:
+        """Compiles and checks `fn`, counting the launchers the tuning block
+        made of each kind."""
+        from torch._inductor.runtime import triton_heuristics as th
+
+        made = {"static": 0, "triton": 0}
+
+        def counted(kind: str, original: Any) -> Any:
+            def make_launcher(result: Any) -> Any:
+                made[kind] += 1
+                return original(result)
+
+            return make_launcher
+
+        with (
+            mock.patch.object(
+                th.StaticTritonCompileResult,
+                "make_launcher",
+                counted("static", th.StaticTritonCompileResult.make_launcher),
+            ),
+            mock.patch.object(
+                th.TritonCompileResult,
+                "make_launcher",
+                counted("triton", th.TritonCompileResult.make_launcher),
+            ),
+        ):
+            self.check(fn, args, atol=1e-4, rtol=1e-4)
+        return made
+
+    def test_the_tuning_block_launches_kernels_statically(self) -> None:
+        # No Triton launcher built with the C compiler while the graph
+        # compiles, whether its kernels compile in this process or in a
+        # worker.  The constants make the kernels this test's own.
+        from torch._inductor.async_compile import AsyncCompile
+
+        x = torch.randn(64, 300, device="cuda")
+        with self.subTest("in this process"), config.patch(compile_threads=1):
+            made = self.launchers_made(
+                lambda x: torch.softmax(x * 1.2345, -1) + 0.678, (x,)
+            )
+            self.assertGreater(made["static"], 0)
+            self.assertEqual(made["triton"], 0)
+        torch._dynamo.reset()
+        with self.subTest("in a worker"), config.patch(compile_threads=2):
+            AsyncCompile.use_process_pool()  # starts the pool
+            AsyncCompile.wait_pool_ready()
+            self.assertTrue(AsyncCompile.use_process_pool())
+            made = self.launchers_made(
+                lambda x: torch.softmax(x * 3.4567, -1) + 0.891, (x,)
+            )
+            self.assertGreater(made["static"], 0)
+            self.assertEqual(made["triton"], 0)
+
+    def test_kernels_that_triton_launches(self) -> None:
+        # Where the static launcher is off, the tuning block runs Triton's
+        # launchers, and the wrapper reads the cubin from their binaries.
+        def fn(x):
+            return torch.softmax(x * 2.3456, -1) + 0.789
+
+        with config.patch(use_static_cuda_launcher=False):
+            made = self.launchers_made(fn, (torch.randn(64, 300, device="cuda"),))
+        self.assertEqual(made["static"], 0)
+        self.assertGreater(made["triton"], 0)
+
     def test_no_python_on_the_call_path(self) -> None:
         # Once compiled, the graph runs although Triton's Python launchers
         # would raise.

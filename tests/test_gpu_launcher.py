@@ -4,10 +4,12 @@ Needs no GPU: the cubin here is a stand-in file."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import sympy
 import torch
@@ -98,6 +100,130 @@ class TestLauncherText(TestCase):
         short = gpu.LaunchSignature("triton_poi_fused_add_0", ("tensor",))
         with self.assertRaisesRegex(NotImplementedError, "called with 1 arguments"):
             gpu.render_launcher(tuned_kernel("/k.cubin"), short)
+
+
+def autotuner_of(result: Any, launcher: Any) -> SimpleNamespace:
+    """A CachingAutotuner after tuning, as far as the wrapper reads one."""
+    return SimpleNamespace(
+        fn=SimpleNamespace(__name__="triton_poi_fused_add_0"),
+        launchers=[launcher],
+        compile_results=[result],
+        triton_meta={"signature": dict(SIGNATURE_TYPES), "constants": {}},
+        inductor_meta={"grid_type": "Grid1D"},
+    )
+
+
+ARG_NAMES = ["in_ptr0", "in_ptr1", "out_ptr0", "scale", "xnumel", "XBLOCK"]
+SIGNATURE_TYPES = {
+    "in_ptr0": "*fp32",
+    "in_ptr1": "*fp32",
+    "out_ptr0": "*fp32",
+    "scale": "fp32",
+    "xnumel": "i32",
+    "XBLOCK": "constexpr",
+}
+
+
+def tuned_config() -> SimpleNamespace:
+    return SimpleNamespace(kwargs={"XBLOCK": 1024}, num_warps=4, num_stages=1)
+
+
+class TestTunedKernel(TestCase):
+    """What the wrapper reads of a kernel the tuning block ran, from Inductor's
+    compile results (no store_cubin), on stand-ins for Triton's objects."""
+
+    def test_a_statically_launched_kernel_takes_the_cubin_in_tritons_cache(
+        self,
+    ) -> None:
+        from torch._inductor.runtime.triton_heuristics import (
+            StaticTritonCompileResult,
+        )
+
+        cfg = tuned_config()
+        kernel = SimpleNamespace(
+            name="triton_poi_fused_add_0",
+            arg_names=ARG_NAMES,
+            declared_constexprs=[5],
+            full_constexprs=[5],
+            shared=16,
+            num_warps=4,
+            has_global_scratch=True,
+            has_profile_scratch=False,
+        )
+        result = StaticTritonCompileResult(
+            kernel,
+            cfg,
+            {"device": 0, "constants": {}, "signature": dict(SIGNATURE_TYPES)},
+            {"grid_type": "Grid1D"},
+        )
+        launcher = SimpleNamespace(config=cfg, cache_hash="ab12", _is_static=True)
+        with tempfile.TemporaryDirectory() as triton_cache:
+            cubin = Path(triton_cache, "ab12", "triton_poi_fused_add_0.cubin")
+            cubin.parent.mkdir()
+            cubin.write_bytes(FAKE_CUBIN)
+            with mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": triton_cache}):
+                tuned = gpu.tuned_kernel_from_autotuner(
+                    "triton_poi_fused_add_0", autotuner_of(result, launcher)
+                )
+                # The graph's own copy, named by content: Triton's cache may go.
+                self.assertNotEqual(tuned.cubin_path, str(cubin))
+                self.assertEqual(Path(tuned.cubin_path).read_bytes(), FAKE_CUBIN)
+            cubin.unlink()
+            with (
+                mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": triton_cache}),
+                self.assertRaisesRegex(RuntimeError, "its cubin is not at"),
+            ):
+                gpu.tuned_kernel_from_autotuner(
+                    "triton_poi_fused_add_0", autotuner_of(result, launcher)
+                )
+        self.assertEqual(tuned.entry, "triton_poi_fused_add_0")
+        self.assertEqual((tuned.shared_bytes, tuned.num_warps), (16, 4))
+        self.assertEqual(tuned.launcher_args, tuple(ARG_NAMES[:5]))
+        self.assertEqual(
+            [p.name for p in tuned.params],
+            ["in_ptr0", "in_ptr1", "out_ptr0", "scale", "xnumel"],
+        )
+        self.assertEqual((tuned.global_scratch, tuned.profile_scratch), (0, None))
+        self.assertEqual(tuned.grid[0], "((xnumel + (1024 - 1)) / (1024))")
+        text = gpu.render_launcher(tuned, SIGNATURE)
+        self.assertIn("void* global_scratch = nullptr;", text)
+
+    def test_a_kernel_launched_by_triton_is_read_from_its_binary(self) -> None:
+        # Without store_cubin its launcher keeps no binary: one is made again
+        # from the compile result, with store_cubin, and nothing else changes.
+        cfg = tuned_config()
+        binary = SimpleNamespace(
+            metadata=SimpleNamespace(
+                name="triton_poi_fused_add_0", shared=0, num_warps=4, num_stages=1
+            ),
+            asm={"cubin": FAKE_CUBIN},
+        )
+        made: list[dict[str, Any]] = []
+
+        class CompileResult:
+            def __init__(self) -> None:
+                self.config = cfg
+                self.inductor_meta = {"store_cubin": False}
+
+            def make_launcher(self) -> SimpleNamespace:
+                made.append(self.inductor_meta)
+                keeps = self.inductor_meta["store_cubin"]
+                return SimpleNamespace(
+                    config=cfg,
+                    bin=binary if keeps else None,
+                    def_args=ARG_NAMES[:5],
+                    call_args=ARG_NAMES[:5],
+                )
+
+        result = CompileResult()
+        launcher = result.make_launcher()
+        tuned = gpu.tuned_kernel_from_autotuner(
+            "triton_poi_fused_add_0", autotuner_of(result, launcher)
+        )
+        self.assertEqual(Path(tuned.cubin_path).read_bytes(), FAKE_CUBIN)
+        self.assertEqual(tuned.launcher_args, tuple(ARG_NAMES[:5]))
+        self.assertEqual([m["store_cubin"] for m in made], [False, True])
+        self.assertEqual(result.inductor_meta, {"store_cubin": False})
 
 
 class TestRandomDraws(TestCase):

@@ -54,17 +54,27 @@ def _reset_for_codegen(graph: Any) -> None:
     metrics.reset()
 
 
+# Inductor's cpp_wrapper settings have each Triton kernel keep its binary on
+# its launcher (triton.store_cubin) for upstream's wrapper, which rules out
+# Inductor's static CUDA launcher: the tuning block would build a Triton
+# launcher with the C compiler per kernel signature.  Ours reads the binary
+# from the kernel's compile result (cpp_wrapper_gpu.tuned_kernel_from_autotuner).
+OUR_WRAPPER_CONFIG: dict[str, object] = {"triton.store_cubin": False}
+
+
 def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:
     """Wraps ``GraphLowering._compile_to_module``."""
 
     def _compile_to_module(graph: Any) -> Any:
-        if _uses_our_wrapper(graph):
-            codecache.prefetch(_wrapper_device_type(graph))
-        if not _uses_our_wrapper(graph) or config.strict:
+        if not _uses_our_wrapper(graph):
             return original(graph)
+        codecache.prefetch(_wrapper_device_type(graph))
         try:
-            return original(graph)
+            with inductor_config.patch(OUR_WRAPPER_CONFIG):
+                return original(graph)
         except FALLBACK_ERRORS as error:
+            if config.strict:
+                raise
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             perf_hint_log.info(
                 "torch_cppwrap: graph %s is compiled with the Python wrapper "

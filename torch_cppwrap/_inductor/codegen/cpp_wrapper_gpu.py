@@ -35,6 +35,7 @@ What a generated launcher looks like::
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -155,11 +156,34 @@ def store_cubin(data: bytes) -> Path:
     return path
 
 
+def _compile_result(autotuner: Any, launcher: Any) -> Any:
+    """The CompileResult that `launcher` (one of `autotuner`'s) was made from."""
+    for result in autotuner.compile_results:
+        if result.config is launcher.config:
+            return result
+    raise RuntimeError(
+        f"torch_cppwrap: Triton kernel {autotuner.fn.__name__}: no compiled binary "
+        f"for its tuned config {launcher.config}"
+    )
+
+
+def _launcher_with_binary(autotuner: Any, launcher: Any) -> Any:
+    """`launcher`, or one made again from the same compiled binary that keeps
+    it (``launcher.bin``) with its argument lists, as Triton launchers do when
+    ``store_cubin`` is set.  Triton's own launcher is built already, so this
+    costs no compile."""
+    if getattr(launcher, "bin", None) is not None:
+        return launcher
+    result = copy.copy(_compile_result(autotuner, launcher))
+    result.inductor_meta = {**result.inductor_meta, "store_cubin": True}
+    return result.make_launcher()
+
+
 def tuned_kernel_from_autotuner(name: str, autotuner: Any) -> TunedKernel:
     """Reads the tuned config of Inductor's CachingAutotuner for `name`, which
-    the tuning block ran once with config.triton.store_cubin set."""
-    from torch._inductor.runtime.triton_heuristics import GridExpr
-
+    the tuning block ran once.  That run launched it through Inductor's static
+    CUDA launcher where it could (no launcher built with a C compiler), else
+    through Triton's."""
     launchers = getattr(autotuner, "launchers", None)
     if not launchers:
         raise RuntimeError(f"torch_cppwrap: Triton kernel {name} was never compiled")
@@ -168,13 +192,10 @@ def tuned_kernel_from_autotuner(name: str, autotuner: Any) -> TunedKernel:
             f"torch_cppwrap: Triton kernel {name} still has {len(launchers)} configs "
             "after tuning"
         )
-    launcher = launchers[0]
-    binary = getattr(launcher, "bin", None)
-    if binary is None:
-        raise RuntimeError(
-            f"torch_cppwrap: Triton kernel {name} kept no cubin; the C++ wrapper needs "
-            "config.triton.store_cubin=True (cpp_wrapper=True normally sets it)"
-        )
+    if getattr(launchers[0], "_is_static", False):
+        return _tuned_static_kernel(name, autotuner, launchers[0])
+    launcher = _launcher_with_binary(autotuner, launchers[0])
+    binary = launcher.bin
     meta = binary.metadata
     num_ctas = getattr(meta, "num_ctas", 1)
     if (
@@ -186,32 +207,110 @@ def tuned_kernel_from_autotuner(name: str, autotuner: Any) -> TunedKernel:
             f"torch_cppwrap: Triton kernel {name} needs a cluster, PDL or cooperative "
             "launch, which the C++ wrapper does not do yet"
         )
+    return _tuned_kernel(
+        name,
+        autotuner,
+        launcher.config,
+        entry=meta.name,
+        cubin_path=store_cubin(binary.asm["cubin"]),
+        shared_bytes=int(meta.shared),
+        num_warps=int(meta.num_warps),
+        def_args=launcher.def_args,
+        call_args=launcher.call_args,
+        global_scratch=getattr(launcher, "global_scratch", None),
+        profile_scratch=getattr(launcher, "profile_scratch", None),
+        num_stages=getattr(meta, "num_stages", "?"),
+    )
+
+
+def _tuned_static_kernel(name: str, autotuner: Any, launcher: Any) -> TunedKernel:
+    """A kernel that Inductor's static CUDA launcher ran: the cubin is the one
+    the compile left in Triton's cache, and the static launcher takes it with
+    its constants stripped, as the cubin's parameters are."""
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir
+    from torch._inductor.runtime.triton_heuristics import config_to_dict
+
+    result = _compile_result(autotuner, launcher)
+    kernel = result.kernel
+    _, def_args, none_args = result._get_arg_lists(
+        kernel.arg_names, kernel.declared_constexprs
+    )
+    # Triton releases that take every constexpr at launch (3.3 on) list the
+    # config's among the launcher's arguments; the call sites pass none.
+    tuned = config_to_dict(launcher.config)
+    def_args = [arg for arg in def_args if arg not in tuned]
+    call_args = [
+        arg
+        for i, arg in enumerate(kernel.arg_names)
+        if i not in kernel.full_constexprs and arg not in none_args
+    ]
+    device = result.compile_meta.get("device") or 0
+    cubin = Path(triton_cache_dir(device), launcher.cache_hash, f"{kernel.name}.cubin")
+    if not cubin.is_file():
+        raise RuntimeError(
+            f"torch_cppwrap: Triton kernel {name}: its cubin is not at {cubin}, where "
+            "the compile left it"
+        )
+    return _tuned_kernel(
+        name,
+        autotuner,
+        launcher.config,
+        entry=kernel.name,
+        cubin_path=store_cubin(cubin.read_bytes()),
+        shared_bytes=int(kernel.shared),
+        num_warps=int(kernel.num_warps),
+        def_args=def_args,
+        call_args=call_args,
+        # The static launcher refuses kernels that need scratch memory, and
+        # passes a null pointer where one takes the parameter.
+        global_scratch=0 if kernel.has_global_scratch else None,
+        profile_scratch=0 if kernel.has_profile_scratch else None,
+        num_stages=getattr(launcher.config, "num_stages", "?"),
+    )
+
+
+def _tuned_kernel(
+    name: str,
+    autotuner: Any,
+    tuned_config: Any,
+    *,
+    entry: str,
+    cubin_path: Path,
+    shared_bytes: int,
+    num_warps: int,
+    def_args: Sequence[str],
+    call_args: Sequence[str],
+    global_scratch: int | None,
+    profile_scratch: int | None,
+    num_stages: object,
+) -> TunedKernel:
+    from torch._inductor.runtime.triton_heuristics import GridExpr
+
     triton_meta = autotuner.triton_meta
     signature: dict[str, str] = triton_meta["signature"]
     constants = triton_meta.get("constants", {})
     params = tuple(
         KernelParam(arg, signature[arg])
-        for arg in launcher.call_args
+        for arg in call_args
         if signature.get(arg, "constexpr") != "constexpr" and arg not in constants
     )
-    grid = GridExpr.from_meta(autotuner.inductor_meta, launcher.config, mode="cpp")
-    cubin = binary.asm["cubin"]
-    config_text = ", ".join(f"{k}={v}" for k, v in launcher.config.kwargs.items())
+    grid = GridExpr.from_meta(autotuner.inductor_meta, tuned_config, mode="cpp")
+    config_text = ", ".join(f"{k}={v}" for k, v in tuned_config.kwargs.items())
     return TunedKernel(
         name=name,
-        entry=meta.name,
-        cubin_path=str(store_cubin(cubin)),
-        shared_bytes=int(meta.shared),
-        num_warps=int(meta.num_warps),
-        launcher_args=tuple(launcher.def_args),
+        entry=entry,
+        cubin_path=str(cubin_path),
+        shared_bytes=shared_bytes,
+        num_warps=num_warps,
+        launcher_args=tuple(def_args),
         params=params,
         grid_prefix=tuple(grid.prefix),
         grid=(str(grid.x_grid), str(grid.y_grid), str(grid.z_grid)),
-        global_scratch=getattr(launcher, "global_scratch", None),
-        profile_scratch=getattr(launcher, "profile_scratch", None),
+        global_scratch=global_scratch,
+        profile_scratch=profile_scratch,
         description=(
-            f"{config_text}{', ' if config_text else ''}num_warps={meta.num_warps}, "
-            f"num_stages={getattr(meta, 'num_stages', '?')}, shared memory {meta.shared} B"
+            f"{config_text}{', ' if config_text else ''}num_warps={num_warps}, "
+            f"num_stages={num_stages}, shared memory {shared_bytes} B"
         ),
     )
 
@@ -809,7 +908,13 @@ class CppWrapperGpu(CppWrapperCpu):
         )
         log.debug("torch_cppwrap: tuning block:\n%s", code)
         try:
-            exec(compile(code, "<torch_cppwrap tuning block>", "exec"), scope)
+            # Inductor turns its static CUDA launcher off under cpp_wrapper,
+            # which upstream's wrapper has no use for.  This block is Python:
+            # a kernel it compiles in this process then launches through the
+            # static launcher too, as one compiled in a worker does, rather
+            # than through a Triton launcher built with the C compiler.
+            with config.patch(cpp_wrapper=False):
+                exec(compile(code, "<torch_cppwrap tuning block>", "exec"), scope)
         except Exception as e:
             raise RuntimeError(
                 f"torch_cppwrap: compiling and tuning the graph's Triton kernels failed: {e}"

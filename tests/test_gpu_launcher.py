@@ -124,8 +124,14 @@ SIGNATURE_TYPES = {
 }
 
 
-def tuned_config() -> SimpleNamespace:
-    return SimpleNamespace(kwargs={"XBLOCK": 1024}, num_warps=4, num_stages=1)
+def tuned_config() -> Any:
+    """Triton's Config where Triton is installed; Inductor's stand-in for it
+    (object) takes anything with the same fields."""
+    from torch._inductor.runtime.triton_compat import Config
+
+    if Config is object:
+        return SimpleNamespace(kwargs={"XBLOCK": 1024}, num_warps=4, num_stages=1)
+    return Config({"XBLOCK": 1024}, num_warps=4, num_stages=1)
 
 
 class TestTunedKernel(TestCase):

@@ -486,6 +486,34 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         stream = torch.cuda.current_stream().cuda_stream
         self.assertIn((x.device.index, stream), cuda_graphs._pools)
 
+    def test_outputs_are_lent_and_keep_their_values_when_held(self) -> None:
+        # A replay hands out its outputs in the graph's pool, on storages of
+        # their own; the next replay moves the ones still held out of the
+        # pool before writing there.  An output fed back as the next call's
+        # input (a recurrent state) is copied in, never read in place.
+        from torch_cppwrap._inductor import codecache
+
+        def step(h, w):
+            return torch.tanh(h @ w) + h * 0.5
+
+        h = torch.randn(16, 64, device="cuda")
+        w = torch.randn(64, 64, device="cuda") / 8
+        runtime = codecache.RuntimeExtension.load()
+        with torch.no_grad():
+            compiled, module, _ = self.compile_module(step, (h, w))
+            states, expected = [h], [h]
+            for _ in range(6):
+                states.append(compiled(states[-1], w))
+                expected.append(step(expected[-1], w))
+            self.assertEqual(module.cuda_graph_state(), "ready")
+            self.assertNotEqual(runtime.pool_lender(states[-1]), 0)
+            self.assertEqual(runtime.pool_lender(states[-2]), 0)  # moved out
+        (stats,) = module.cuda_graph_stats()
+        # The first call warmed up (compile_module), the second captured.
+        self.assertEqual((stats["replays"], stats["missed"]), (5, 0), stats)
+        for actual, wanted in zip(states, expected, strict=True):
+            self.assertEqual(actual, wanted, atol=1e-4, rtol=1e-4)
+
     def test_capture_reuses_the_warm_up_memory(self) -> None:
         # The first call (the warm-up) runs in the graphs' memory pool, so
         # the second call's capture takes its intermediates from memory
@@ -686,22 +714,34 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
 
         before = len(PyCodeCache.modules)
         with our_wrappers_created() as created:
-            ours = steps(model, 5)
+            ours = steps(model, 7)
         modules = [m for m in PyCodeCache.modules[before:] if hasattr(m, "call")]
         self.assertEqual(len(created), 2)  # forward and backward
         self.assertEqual(len(modules), 2)
+        forward, backward = sorted(
+            (m._module.cuda_graph_stats()[0] for m in modules),
+            key=lambda stats: stats["declines"],
+        )
         for module in modules:
             self.assertIsNone(module.cuda_graph_blocker)
-            (stats,) = module._module.cuda_graph_stats()
-            # The forward: warm-up, capture, 4 replays.  The backward's
-            # first call declined (CPU RNG state), then warm-up, capture and
-            # 3 replays, reading every saved activation from a copy.
-            self.assertEqual(stats["state"], "ready", stats)
-            self.assertGreaterEqual(stats["replays"], 3, stats)
+        # The forward: warm-up, capture, 6 replays, lending its outputs.  The
+        # backward's first call declined (CPU RNG state); then warm-up, a
+        # capture on the first lent activations, read where the forward lent
+        # them, and 5 replays.  Each step's loss and gradients are held
+        # (`results`), so each replay moves the last one's out of the pool.
+        self.assertEqual(forward["state"], "ready", forward)
+        self.assertEqual((forward["replays"], forward["recaptures"]), (6, 0), forward)
+        self.assertEqual(backward["state"], "ready", backward)
+        self.assertEqual(
+            (backward["replays"], backward["recaptures"], backward["declines"]),
+            (5, 0, 1),
+            backward,
+        )
+        for stats in (forward, backward):
             self.assertEqual(stats["missed"], 0, stats)
         torch._dynamo.reset()
         with config.patch(cpp_wrapper=False, fx_graph_cache=False):
-            theirs = steps(reference, 5)
+            theirs = steps(reference, 7)
         for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             self.assertEqual(a, b, atol=1e-4, rtol=1e-4, msg=f"step {step}")
 

@@ -16,6 +16,7 @@ import torch
 from torch._inductor.test_case import TestCase, run_tests
 from torch._inductor.virtualized import V
 
+from tests.common import seed_cache
 from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codegen import cpp_wrapper_gpu as gpu
 from torch_cppwrap._inductor.graph import _wrapper_device_type
@@ -430,6 +431,90 @@ class TestPrefetch(TestCase):
         ):
             graph = SimpleNamespace(device_types=device_types, device_type="cpu")
             self.assertEqual(_wrapper_device_type(graph), expected, device_types)
+
+
+# A module that lends input 0 as a replayed graph lends an output (mode 0),
+# takes loans back as a replay does before it runs (mode 1: those of a later
+# capture than this lender's; mode 2: this lender's), and says how many held
+# loans it moved (copied out, here with memcpy: these are CPU tensors).
+LOAN_SOURCE = """
+#include <cstring>
+#include "cppwrap_runtime.h"
+
+CPPWRAP_MODULE_STATE()
+
+static int64_t copies = 0;
+static int stream = 0;  // stands in for the stream the pool serves
+
+static int host_copy(void*, void* to, const void* from, size_t bytes) {
+    std::memcpy(to, from, bytes);
+    ++copies;
+    return 0;
+}
+
+static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {
+    if (!cppwrap::check_args(args, 2)) return nullptr;
+    cppwrap::Tensor pool;
+    if (!cppwrap::unpack_tensor(args, 0, pool, "pool")) return nullptr;
+    const long mode = PyLong_AsLong(PyList_GET_ITEM(args, 1));
+    cppwrap::clear_args(args);
+    static const int64_t epoch = cppwrap::api->pool_epoch();
+    cppwrap::Tensor out;
+    if (mode == 0) {
+        if (cppwrap::api->pool_lend(pool.slot(), &stream, &stream, epoch, out.slot()) != 0) {
+            PyErr_SetString(PyExc_RuntimeError, cppwrap::api->last_error());
+            return nullptr;
+        }
+        return cppwrap::pack_outputs<1>({cppwrap::output(out)});
+    }
+    if (cppwrap::api->pool_reclaim(&stream, epoch + (mode == 1 ? 1 : 0), host_copy, nullptr) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, cppwrap::api->last_error());
+        return nullptr;
+    }
+    return cppwrap::pack_outputs<1>({cppwrap::output(copies)});
+}
+
+CPPWRAP_DEFINE_MODULE("loan test")
+"""
+
+
+class TestPoolLoans(TestCase):
+    """The runtime's loans of pool memory (cppwrap_api.h: pool_lend,
+    pool_reclaim, pool_lender), on CPU tensors: what a replay hands out, and
+    that a held output keeps its values when the pool is written again."""
+
+    def test_a_held_loan_moves_out_and_a_dropped_one_does_not(self) -> None:
+        seed_cache()
+        module = codecache.CppWrapperCodeCache.load(LOAN_SOURCE)
+        runtime = codecache.RuntimeExtension.load()
+        pool = torch.arange(6.0)
+        (lent,) = module.call([pool, 0])
+        lender = runtime.pool_lender(lent)
+        self.assertNotEqual(lender, 0)
+        self.assertEqual(runtime.pool_lender(pool), 0)
+        self.assertEqual(lent.data_ptr(), pool.data_ptr())
+        view = lent[2:]
+        self.assertEqual(runtime.pool_lender(view), lender)
+        # A graph captured after the lender leaves the loan alone.
+        self.assertEqual(module.call([pool, 1]), (0,))
+        self.assertEqual(lent.data_ptr(), pool.data_ptr())
+        # The lender's next replay: the held loan moves to memory of its own,
+        # with its values, before the pool is written again.
+        self.assertEqual(module.call([pool, 2]), (1,))
+        self.assertNotEqual(lent.data_ptr(), pool.data_ptr())
+        self.assertEqual(runtime.pool_lender(view), 0)
+        pool.fill_(-1.0)
+        self.assertEqual(view, torch.arange(2.0, 6.0))
+        self.assertEqual(lent, torch.arange(6.0))
+        # A loan nobody holds any more is taken back without a copy; one
+        # resized has memory of its own already.
+        (again,) = module.call([pool, 0])
+        del again
+        (resized,) = module.call([pool, 0])
+        resized.resize_(12)
+        self.assertEqual(runtime.pool_lender(resized), 0)
+        self.assertEqual(resized[:6], pool)
+        self.assertEqual(module.call([pool, 2]), (1,))
 
 
 class TestLauncherCompiles(TestCase):

@@ -17,12 +17,16 @@
 
 // Bumped whenever CppwrapApi changes, so that a graph module built against
 // another table refuses to load instead of calling the wrong entry.
-#define CPPWRAP_API_VERSION 9
+#define CPPWRAP_API_VERSION 10
 #define CPPWRAP_API_CAPSULE "torch_cppwrap._C._api"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+// Queues a copy of `bytes` from `from` to `to` on the current stream; 0, or
+// -1 on failure.
+typedef int (*PoolCopy)(void* context, void* to, const void* from, size_t bytes);
 
 typedef struct CppwrapApi {
   int32_t version;
@@ -157,6 +161,24 @@ typedef struct CppwrapApi {
   // thread too: a graph run inside another's warm-up).
   int32_t (*graph_pool_take)(void);
   void (*graph_pool_give)(void);
+
+  // --- Outputs a replayed graph lends out of its pool instead of copying
+  // them (cppwrap_cuda_graph.h); no GIL needed. ---
+  // A new capture's epoch: later captures get greater ones.
+  int64_t (*pool_epoch)(void);
+  // `dst` gets `pool` (an output in the memory pool of the graphs replayed
+  // on `stream`) on a storage of its own that keeps the pool block allocated
+  // while anything holds it.  `lender` names the graph, `epoch` its capture.
+  int (*pool_lend)(
+      const void* pool, const void* lender, const void* stream, int64_t epoch, void* dst);
+  // Before a graph of `epoch` replays on `stream`: takes back every loan of
+  // its pool from a capture of that epoch or later, whose block may be this
+  // graph's memory.  A lent storage still held moves to fresh memory from the
+  // caching allocator on the current stream, after `copy(context, to, from,
+  // bytes)` has queued the copy of its bytes there.
+  int (*pool_reclaim)(const void* stream, int64_t epoch, PoolCopy copy, void* context);
+  // The graph that lent the memory of the tensor in `slot`, or null.
+  const void* (*pool_lender)(const void* slot);
 } CppwrapApi;
 
 #ifdef __cplusplus

@@ -35,11 +35,17 @@ namespace cuda {
 //             and installs the graph;
 //   then      each call replays it if every input that kept its address on
 //             the 2nd call still has it.  The others are copied into buffers
-//             the graph owns; the outputs are copied out of the graph's pool
-//             into fresh tensors, so what a call returns is the caller's.
-//             Outputs that share memory are copied once and stay views of
-//             one another; an output that is (a view of) an input is
-//             returned as (that view of) the caller's input.
+//             the graph owns.  The outputs are lent: tensors on the graph's
+//             pool memory, on storages of their own (api->pool_lend).  The
+//             next replay takes the memory back; an output still held then
+//             moves to fresh memory first (a copy), so what a call returned
+//             stays the caller's.  A training step's activations, which the
+//             backward uses once and drops, are never copied: the backward
+//             graph reads them where the forward lent them (it is captured
+//             again to do so once it sees lent inputs).  Outputs that share
+//             memory are lent once and stay views of one another; an output
+//             that is (a view of) an input is returned as (that view of)
+//             the caller's input.
 //
 // A graph that draws random numbers from the CUDA generator (dropout) is
 // replayed through torch.cuda.CUDAGraph.replay, which first advances the
@@ -194,8 +200,9 @@ class GraphReplay {
   }
 
  private:
-  // Queues one replay on the current stream: the inputs' copies, the launch
-  // and the outputs' copies.  The caller holds the pool (a share, or whole).
+  // Queues one replay on the current stream: the inputs' copies, the copies
+  // out of the pool of held outputs it would overwrite, the launch; then
+  // lends its outputs.  The caller holds the pool (a share, or whole).
   Outcome queue(const Tensor* const* inputs, Tensor* const* outputs) {
     // Held while the copies and the launch are queued, so that two threads'
     // calls cannot interleave on the graph's buffers (the stream orders them),
@@ -204,6 +211,7 @@ class GraphReplay {
     if (state() != kReady) {
       return kMissed;
     }
+    bool lent_inputs_copied = false;
     for (size_t i = 0; i < inputs_.size(); ++i) {
       if (inputs[i] == nullptr) {
         continue;
@@ -216,6 +224,9 @@ class GraphReplay {
       } else if (inputs_[i].scalar && !on_cuda(*inputs[i])) {
         ++missed_;
         return kMissed;  // a CPU tensor where the capture had a CUDA one
+      } else if (recaptures_ < kMaxRecaptures && !lent_inputs_copied) {
+        const void* lender = api->pool_lender(inputs[i]->slot());
+        lent_inputs_copied = lender != nullptr && lender != this;
       }
     }
     // Makes the graph's device current (and its context, on a thread that
@@ -236,34 +247,31 @@ class GraphReplay {
               "copying an input into the CUDA graph");
       }
     }
+    // What this graph's last replay lent, and what graphs captured after it
+    // lent, may be where it writes: what is still held moves out of the
+    // pool first.
+    reclaim_loans(d, s);
     if (draws_random_) {
       replay_with_generator();
     } else {
       check(d.graph_launch(exec_, s), "cuGraphLaunch");
     }
     for (Group& group : groups_) {
-      group.copy = empty_strided(1, &group.numel, &kUnitStride, group.dtype, device::kCUDA, device_);
-      check(d.memcpy_dtod_async(
-                address(group.copy.data_ptr()), address(group.pool.data_ptr()), group.bytes, s),
-            "copying outputs out of the CUDA graph");
+      lend(group.pool, group.lent);
     }
     for (size_t i = 0; i < outputs_.size(); ++i) {
       const Output& out = outputs_[i];
       const int64_t ndim = static_cast<int64_t>(out.sizes.size());
       switch (out.source) {
         case Output::kOwn:
-          *outputs[i] = empty_strided(
-              ndim, out.sizes.data(), out.strides.data(), out.dtype, device::kCUDA, device_);
-          if (out.bytes > 0) {
-            check(d.memcpy_dtod_async(
-                      address(outputs[i]->data_ptr()), address(out.pool.data_ptr()), out.bytes, s),
-                  "copying an output out of the CUDA graph");
-          }
+          lend(out.pool, *outputs[i]);
           break;
-        case Output::kGroup:
+        case Output::kGroup: {
+          const Group& group = groups_[out.index];
           *outputs[i] = reinterpret_tensor(
-              groups_[out.index].copy, ndim, out.sizes.data(), out.strides.data(), out.offset);
+              group.lent, ndim, out.sizes.data(), out.strides.data(), group.base + out.offset);
           break;
+        }
         case Output::kInput:
           *outputs[i] = inputs[out.index]->clone_ref();
           break;
@@ -277,10 +285,49 @@ class GraphReplay {
       }
     }
     for (Group& group : groups_) {
-      group.copy.reset();  // the outputs hold it now
+      group.lent.reset();  // the outputs hold it now
     }
     ++replays_;
+    if (lent_inputs_copied && recaptures_ < kMaxRecaptures) {
+      // Inputs that another graph lent (a forward's activations, saved for
+      // this backward) lie where that graph's pool keeps them, call after
+      // call: a capture now reads them there instead of copying them.  (This
+      // graph was captured on inputs that were not lent: its forward ran
+      // kernel by kernel then, say.)
+      for (size_t i = 0; i < inputs_.size(); ++i) {
+        first_ptrs_[i] = inputs[i] != nullptr ? inputs[i]->data_ptr() : nullptr;
+      }
+      ++recaptures_;
+      state_.store(kCapture, std::memory_order_release);
+    }
     return kReplayed;
+  }
+
+  // Hands out `pool` (an output as captured) on a storage of its own, which
+  // a later replay takes back (reclaim_loans), instead of a copy.
+  void lend(const Tensor& pool, Tensor& dst) {
+    if (api->pool_lend(pool.slot(), this, stream_, epoch_, dst.slot()) != 0) {
+      fail_runtime("lending an output of the CUDA graph");
+    }
+  }
+
+  // Takes back the loans this replay may overwrite; the copies of those still
+  // held are queued on `s` before the graph.
+  void reclaim_loans(const Driver& d, CUstream s) {
+    struct Queue {
+      const Driver& d;
+      CUstream s;
+    } queue{d, s};
+    const PoolCopy copy = [](void* context, void* to, const void* from, size_t bytes) {
+      const Queue& q = *static_cast<const Queue*>(context);
+      return q.d.memcpy_dtod_async(address(to), address(const_cast<void*>(from)), bytes, q.s) ==
+              kSuccess
+          ? 0
+          : -1;
+    };
+    if (api->pool_reclaim(stream_, epoch_, copy, &queue) != 0) {
+      fail_runtime("moving held outputs out of the CUDA graphs' pool");
+    }
   }
 
   // Replays through torch.cuda.CUDAGraph.replay, which advances the CUDA
@@ -372,7 +419,10 @@ class GraphReplay {
         return false;
       }
       group.bytes = static_cast<size_t>(bytes);
-      group.numel = group.pool.sizes()[0];
+      if (aoti_torch_get_storage_offset(group.pool.get(), &group.base) != AOTI_TORCH_SUCCESS) {
+        PyErr_SetString(PyExc_RuntimeError, "torch_cppwrap: CUDA graph install: a group has no storage offset");
+        return false;
+      }
     }
     for (size_t i = 0; i < n_out; ++i) {
       Output& out = outputs_[i];
@@ -413,6 +463,7 @@ class GraphReplay {
     exec_ = reinterpret_cast<CUgraphExec>(static_cast<uintptr_t>(exec));
     device_ = device;
     stream_ = reinterpret_cast<void*>(static_cast<uintptr_t>(stream));
+    epoch_ = api->pool_epoch();
     state_.store(kReady, std::memory_order_release);
     return true;
   }
@@ -530,7 +581,10 @@ class GraphReplay {
       PyList_SET_ITEM(ptrs, static_cast<Py_ssize_t>(i), PyLong_FromVoidPtr(first_ptrs_[i]));
     }
     PyObject* result = run_steps(
-        "capture", Py_BuildValue("(ONO)", args, ptrs, draws_random_ ? Py_True : Py_False),
+        "capture",
+        Py_BuildValue(
+            "(ONOK)", args, ptrs, draws_random_ ? Py_True : Py_False,
+            static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(this))),
         run_kernels);
     PyObject* outputs = nullptr;
     if (result == Py_None) {
@@ -635,8 +689,8 @@ class GraphReplay {
   // Where a replay's output comes from (cuda_graphs._output_sources decides).
   struct Output {
     enum Source : int {
-      kOwn = 0,  // copied out of `pool`, memory the output alone uses
-      kGroup = 1,  // a view of group `index`'s copy, at element `offset`
+      kOwn = 0,  // lent out of `pool`, memory the output alone uses
+      kGroup = 1,  // a view of group `index`'s loan, at element `offset`
       kInputView = 2,  // a view of input `index`, `offset` elements from its data
       kInput = 3,  // input `index` itself
     };
@@ -647,18 +701,17 @@ class GraphReplay {
     std::vector<int64_t> sizes;
     std::vector<int64_t> strides;
     int32_t dtype = 0;
-    size_t bytes = 0;  // kOwn: what is copied
+    size_t bytes = 0;  // kOwn: what it spans
   };
   // Pool memory that several outputs share (or one that is not dense): each
-  // replay copies it once, and those outputs are views of the copy.
+  // replay lends it once, and those outputs are views of the loan.
   struct Group {
     Tensor pool;  // a flat view of the memory, in the graph's pool
-    Tensor copy;  // this replay's copy, until the outputs hold it
-    int64_t numel = 0;
+    Tensor lent;  // this replay's loan of `pool`, until the outputs hold it
+    int64_t base = 0;  // `pool`'s storage offset, in elements
     int32_t dtype = 0;
     size_t bytes = 0;
   };
-  static constexpr int64_t kUnitStride = 1;
 
   static CUdeviceptr address(void* ptr) {
     return static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(ptr));
@@ -689,6 +742,7 @@ class GraphReplay {
   CUgraphExec exec_ = nullptr;
   int32_t device_ = 0;
   void* stream_ = nullptr;
+  int64_t epoch_ = 0;  // when installed, among all graphs (api->pool_epoch)
 };
 
 // One graph's replays, one per set of sizes.  A graph compiled for dynamic

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/record_function.h>
@@ -30,6 +31,7 @@
 #include <cstdlib>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <sstream>
 #include <string>
@@ -636,6 +638,113 @@ void graph_pool_give() {
   pool_taken.store(false);
 }
 
+// ---- Outputs lent out of a CUDA graph's pool (cppwrap_cuda_graph.h) ----
+// A lent storage points at a graph's pool block without owning it.  Its
+// DataPtr's context is a PoolLoan, which holds the block's own storage: the
+// block stays allocated, so no later capture or warm-up is given it, for as
+// long as anything holds the lent storage.
+struct PoolLoan {
+  c10::intrusive_ptr<c10::StorageImpl> block;
+  const void* lender;
+};
+
+void end_loan(void* loan) {
+  delete static_cast<PoolLoan*>(loan);
+}
+
+// Every loan not yet taken back, with the stream its pool serves and the
+// epoch of its lender's capture.  A graph captured before that epoch may have
+// been given the lent block as scratch memory (it was free then), so its
+// replay takes the loan back first.
+struct LoanRecord {
+  const void* stream;
+  int64_t epoch;
+  c10::weak_intrusive_ptr<c10::StorageImpl> lent;
+};
+std::mutex loans_mutex;
+std::vector<LoanRecord> loans;
+std::atomic<int64_t> last_epoch{0};
+
+int64_t pool_epoch() {
+  return ++last_epoch;
+}
+
+int pool_lend(const void* pool, const void* lender, const void* stream, int64_t epoch, void* dst) {
+  return guarded([&] {
+    const at::Tensor& self = tensor_at(pool);
+    c10::StorageImpl* block = self.storage().unsafeGetStorageImpl();
+    c10::DataPtr data(
+        block->mutable_data(),
+        new PoolLoan{c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(block), lender},
+        end_loan,
+        block->device());
+    // Resizable, with the device's allocator, as any storage: a resize_
+    // moves it to memory of its own, which ends the loan.
+    auto lent = c10::make_intrusive<c10::StorageImpl>(
+        c10::StorageImpl::use_byte_size_t(), block->nbytes(), std::move(data),
+        c10::GetAllocator(block->device_type()), /*resizable=*/true);
+    auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+        c10::Storage(lent), self.key_set(), self.dtype());
+    tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
+        self.sizes(), self.strides(), self.storage_offset());
+    {
+      std::lock_guard<std::mutex> lock(loans_mutex);
+      loans.push_back({stream, epoch, c10::weak_intrusive_ptr<c10::StorageImpl>(lent)});
+    }
+    new (dst) at::Tensor(std::move(tensor));
+  });
+}
+
+int pool_reclaim(const void* stream, int64_t epoch, PoolCopy copy, void* context) {
+  return guarded([&] {
+    std::lock_guard<std::mutex> lock(loans_mutex);
+    size_t kept = 0;
+    for (size_t i = 0; i < loans.size(); ++i) {
+      LoanRecord& record = loans[i];
+      if (record.stream != stream || record.epoch < epoch) {
+        if (!record.lent.expired()) {
+          if (kept != i) {
+            loans[kept] = std::move(record);
+          }
+          ++kept;
+        }
+        continue;
+      }
+      c10::intrusive_ptr<c10::StorageImpl> lent = record.lent.lock();
+      if (!lent || lent->data_ptr().get_deleter() != &end_loan) {
+        // Nothing holds it (the block is its graph's alone again), or it has
+        // memory of its own now (a resize_, a set_).
+        continue;
+      }
+      // Still held: its bytes move to fresh memory, copied there (on the
+      // stream, before the replay) while the loan still keeps the block.
+      const size_t nbytes = lent->nbytes();
+      at::Tensor fresh = at::empty(
+          {static_cast<int64_t>(nbytes)},
+          at::TensorOptions().dtype(at::kByte).device(lent->device()));
+      c10::DataPtr memory = fresh.storage().unsafeGetStorageImpl()->set_data_ptr(
+          c10::DataPtr(nullptr, lent->device()));
+      if (nbytes > 0 && copy(context, memory.get(), lent->data(), nbytes) != 0) {
+        throw std::runtime_error("copying it out of the pool failed");
+      }
+      lent->set_data_ptr_noswap(std::move(memory));  // ends the loan
+    }
+    loans.erase(loans.begin() + static_cast<std::ptrdiff_t>(kept), loans.end());
+  });
+}
+
+const void* pool_lender(const void* slot) {
+  const at::Tensor& self = tensor_at(slot);
+  if (!self.has_storage()) {
+    return nullptr;
+  }
+  const c10::DataPtr& data = self.storage().data_ptr();
+  if (data.get_deleter() != &end_loan) {
+    return nullptr;
+  }
+  return static_cast<const PoolLoan*>(data.get_context())->lender;
+}
+
 const CppwrapApi api_table = {
     CPPWRAP_API_VERSION,
     static_cast<int32_t>(sizeof(at::Tensor)),
@@ -689,6 +798,10 @@ const CppwrapApi api_table = {
     graph_pool_unshare,
     graph_pool_take,
     graph_pool_give,
+    pool_epoch,
+    pool_lend,
+    pool_reclaim,
+    pool_lender,
 };
 
 }  // namespace
@@ -700,4 +813,15 @@ PYBIND11_MODULE(_C, m) {
   m.attr("_api") = pybind11::capsule(
       const_cast<CppwrapApi*>(&api_table), CPPWRAP_API_CAPSULE);
   m.attr("API_VERSION") = CPPWRAP_API_VERSION;
+  m.def(
+      "pool_lender",
+      [](pybind11::handle obj) {
+        if (!THPVariable_Check(obj.ptr())) {
+          throw pybind11::type_error("pool_lender takes a tensor");
+        }
+        const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+        return reinterpret_cast<uintptr_t>(pool_lender(&t));
+      },
+      "Which CUDA graph (GraphReplay) lent `t`'s memory out of its pool; 0 "
+      "where none did.");
 }

@@ -17,8 +17,16 @@ what a replay does.
 
 Parameters and buffers (and tensors marked with
 torch._dynamo.mark_static_address) that kept their address between the two
-calls are read where they are; a replay needs them there again.  The other
-inputs are copied into buffers the graph owns, every call.
+calls are read where they are; a replay needs them there again.  So are
+outputs another graph's replay lent out of its pool (a forward's activations,
+saved for the backward).  The other inputs are copied into buffers the graph
+owns, every call.
+
+A replay lends its outputs: they are tensors on the pool's memory, on
+storages of their own.  A later replay that writes that memory first moves
+the ones still held to fresh memory (a copy), so what a call returned stays
+the caller's; a training step's activations, dropped by the backward, are
+never copied.
 
 Set ``TORCH_CPPWRAP_CUDA_GRAPHS=0`` to run every call kernel by kernel.
 """
@@ -63,11 +71,15 @@ _capture_streams: dict[int, torch.cuda.Stream] = {}
 # every graph captured for it, as cudagraph trees share theirs: N graphs then
 # hold their largest set of intermediates, not the sum of N.  Sharing is safe
 # because a graph keeps nothing in the pool between replays but its outputs
-# (which stay allocated, so no other capture is given them), and graphs of
+# (which stay allocated, so no later capture is given them), and graphs of
 # one pool replay on one stream (a replay on any other is refused), so never
-# at the same time.  An eager run in the pool (a warm-up) may be given a
-# graph's scratch memory too: it holds the pool (GraphReplay::prepare) so that
-# no replay is queued meanwhile, and what it returns is copied out of the pool.
+# at the same time.  A graph captured earlier may have the memory of a later
+# one's outputs as scratch: before it replays, the runtime takes back the
+# outputs lent from captures since its own, moving those still held out of
+# the pool (cppwrap_api.h, pool_reclaim).  An eager run in the pool (a
+# warm-up) may be given a graph's scratch memory too: it holds the pool
+# (GraphReplay::prepare) so that no replay is queued meanwhile, and what it
+# returns is copied out of the pool.
 _pools: dict[tuple[int, int], torch.cuda.MemPool] = {}
 
 
@@ -191,6 +203,18 @@ def _static(arg: torch.Tensor) -> bool:
     )
 
 
+def _lent_by_another(arg: torch.Tensor, owner: int) -> bool:
+    """Whether `arg` lies in memory another graph's replay lent out of its
+    pool (GraphReplay::lend): an activation a replayed forward saved for
+    this backward.  That graph keeps it there, call after call, until it
+    replays again, so a replay can read it where it is.  Never a graph's own
+    output fed back to it (a recurrent state): its replay writes there."""
+    from torch_cppwrap._inductor import codecache
+
+    lender = codecache.RuntimeExtension.load().pool_lender(arg)
+    return lender not in (0, owner)
+
+
 def _tensors(args: Sequence[Any]) -> list[torch.Tensor]:
     return [a for a in args if isinstance(a, torch.Tensor)]
 
@@ -269,19 +293,21 @@ def _copied_out(
 
 
 def capture(
-    args: list[Any], first_ptrs: list[int], draws_random: bool = False
+    args: list[Any], first_ptrs: list[int], draws_random: bool = False, owner: int = 0
 ) -> Capture:
     """Captures a module's graph on this call's `args`, for C++ to install.
     Returns None when the graph is not to be captured: the module then runs
     this call, and every later one, kernel by kernel; False, as warm_up does,
     when not on these inputs.  A failed kernel run is thrown in at the
     `yield` it answers.  `draws_random`: the graph draws from the CUDA
-    generator, which a replay advances (GraphReplay::replay_with_generator)."""
+    generator, which a replay advances (GraphReplay::replay_with_generator).
+    `owner`: the GraphReplay capturing, which lent none of the inputs it
+    reads in place (see _lent_by_another)."""
     why = _why_not_capture(args)
     if why is not None:
         return _decline(*why)
     try:
-        return (yield from _capture(args, first_ptrs, draws_random))
+        return (yield from _capture(args, first_ptrs, draws_random, owner))
     except Exception as e:  # the module falls back to launching kernel by kernel
         log.warning(
             "torch_cppwrap: capturing the graph as a CUDA graph failed; it runs "
@@ -305,15 +331,19 @@ def _input_buffer(arg: torch.Tensor) -> torch.Tensor:
     return flat.as_strided(arg.size(), arg.stride())
 
 
-def _capture(args: list[Any], first_ptrs: list[int], draws_random: bool) -> Capture:
+def _capture(
+    args: list[Any], first_ptrs: list[int], draws_random: bool, owner: int
+) -> Capture:
     if len(args) != len(first_ptrs):
         return None
     device = _tensors(args)[0].device
     buffers: list[torch.Tensor | None] = []
     graph_inputs: list[Any] = []
     for arg, first in zip(args, first_ptrs, strict=True):
-        if not isinstance(arg, torch.Tensor) or (
-            arg.data_ptr() == first and _static(arg)
+        if (
+            not isinstance(arg, torch.Tensor)
+            or (arg.data_ptr() == first and _static(arg))
+            or _lent_by_another(arg, owner)
         ):
             buffers.append(None)
             graph_inputs.append(arg)
@@ -400,14 +430,14 @@ def _output_sources(
 ) -> tuple[list[OutputSource], list[tuple[torch.Tensor, int]]] | str:
     """Where a replay takes each tensor output of the captured `outputs` from
     (None outputs are left out), and the pool memory that several outputs
-    share (a flat view of it, and its bytes), copied once per replay; or why
+    share (a flat view of it, and its bytes), lent once per replay; or why
     the graph cannot be replayed.
 
     An output that is an input, or a view of one (AOTAutograd hands saved
     parameters to the backward this way), is the caller's input (or that
     view of it) on a replay.  Outputs that share pool memory (a view of an
     output is an output too), or one that does not fill its memory, are views
-    of one copy of that memory, so they keep their aliasing."""
+    of one loan of that memory, so they keep their aliasing."""
     inputs: dict[int, int] = {}
     for index, arg in enumerate(graph_inputs):
         if isinstance(arg, torch.Tensor):
@@ -474,8 +504,8 @@ def _replayed_outputs(
     groups: Sequence[tuple[torch.Tensor, int]],
     args: Sequence[Any],
 ) -> tuple[Any, ...]:
-    """What the capturing call returns, taken as a replay from C++ takes it
-    (GraphReplay::queue): copies of the pool's memory, and the caller's own
+    """What the capturing call returns: copies of the pool's memory, with the
+    aliasing a replay's loans have (GraphReplay::queue), and the caller's own
     `args` where an output is (a view of) an input."""
     copies = [flat.clone() for flat, _ in groups]
     pending = iter(sources)

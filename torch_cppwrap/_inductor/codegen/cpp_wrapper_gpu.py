@@ -490,8 +490,8 @@ class CppWrapperGpu(CppWrapperCpu):
     # replaying the whole graph as one CUDA graph (cppwrap::cuda::GraphReplay)
     # ------------------------------------------------------------------
 
-    # Fewer launches than this gain nothing from a replay: the outputs are
-    # copied out of the graph's pool, which costs about a launch.
+    # Fewer launches than this gain nothing from a replay: its copies (the
+    # inputs in, outputs still held out of the pool) cost about a launch.
     min_launches_for_cuda_graph = 3
 
     @functools.cached_property

@@ -455,7 +455,7 @@ class GraphReplay {
       out.sizes.assign(probe.sizes(), probe.sizes() + ndim);
       out.strides.assign(probe.strides(), probe.strides() + ndim);
       if (source == Output::kOwn) {
-        out.pool = std::move(probe);  // what the replay copies out
+        out.pool = std::move(probe);  // what each replay lends
       }
     }
     Py_INCREF(graph);

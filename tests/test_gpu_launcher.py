@@ -467,7 +467,9 @@ static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {
         }
         return cppwrap::pack_outputs<1>({cppwrap::output(out)});
     }
-    if (cppwrap::api->pool_reclaim(&stream, epoch + (mode == 1 ? 1 : 0), host_copy, nullptr) != 0) {
+    // A CPU tensor's device has index -1.
+    const int64_t since = epoch + (mode == 1 ? 1 : 0);
+    if (cppwrap::api->pool_reclaim(-1, &stream, since, host_copy, nullptr) != 0) {
         PyErr_SetString(PyExc_RuntimeError, cppwrap::api->last_error());
         return nullptr;
     }

@@ -325,7 +325,7 @@ class GraphReplay {
           ? 0
           : -1;
     };
-    if (api->pool_reclaim(stream_, epoch_, copy, &queue) != 0) {
+    if (api->pool_reclaim(device_, stream_, epoch_, copy, &queue) != 0) {
       fail_runtime("moving held outputs out of the CUDA graphs' pool");
     }
   }

@@ -652,12 +652,14 @@ void end_loan(void* loan) {
   delete static_cast<PoolLoan*>(loan);
 }
 
-// Every loan not yet taken back, with the stream its pool serves and the
-// epoch of its lender's capture.  A graph captured before that epoch may have
+// Every loan not yet taken back, with the device and stream its pool serves
+// (the default stream has one handle on every device) and the epoch of its
+// lender's capture.  A graph captured before that epoch may have
 // been given the lent block as scratch memory (it was free then), so its
 // replay takes the loan back first.
 struct LoanRecord {
   const void* stream;
+  int32_t device;
   int64_t epoch;
   c10::weak_intrusive_ptr<c10::StorageImpl> lent;
 };
@@ -689,19 +691,22 @@ int pool_lend(const void* pool, const void* lender, const void* stream, int64_t 
         self.sizes(), self.strides(), self.storage_offset());
     {
       std::lock_guard<std::mutex> lock(loans_mutex);
-      loans.push_back({stream, epoch, c10::weak_intrusive_ptr<c10::StorageImpl>(lent)});
+      loans.push_back(
+          {stream, block->device().index(), epoch,
+           c10::weak_intrusive_ptr<c10::StorageImpl>(lent)});
     }
     new (dst) at::Tensor(std::move(tensor));
   });
 }
 
-int pool_reclaim(const void* stream, int64_t epoch, PoolCopy copy, void* context) {
+int pool_reclaim(
+    int32_t device, const void* stream, int64_t epoch, PoolCopy copy, void* context) {
   return guarded([&] {
     std::lock_guard<std::mutex> lock(loans_mutex);
     size_t kept = 0;
     for (size_t i = 0; i < loans.size(); ++i) {
       LoanRecord& record = loans[i];
-      if (record.stream != stream || record.epoch < epoch) {
+      if (record.stream != stream || record.device != device || record.epoch < epoch) {
         if (!record.lent.expired()) {
           if (kept != i) {
             loans[kept] = std::move(record);

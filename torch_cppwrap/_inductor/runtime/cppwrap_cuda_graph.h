@@ -412,13 +412,11 @@ class GraphReplay {
     for (size_t i = 0; i < groups_.size(); ++i) {
       Group& group = groups_[i];
       PyObject* pool = nullptr;
-      Py_ssize_t bytes = 0;
+      Py_ssize_t bytes = 0;  // what the group spans; a replay lends it whole
       if (!PyArg_ParseTuple(PyList_GET_ITEM(groups, static_cast<Py_ssize_t>(i)), "On", &pool, &bytes) ||
-          api->unpack(pool, group.pool.slot(), "graph output group") != 0 ||
-          !read_dtype(group.pool, group.dtype)) {
+          api->unpack(pool, group.pool.slot(), "graph output group") != 0) {
         return false;
       }
-      group.bytes = static_cast<size_t>(bytes);
       if (aoti_torch_get_storage_offset(group.pool.get(), &group.base) != AOTI_TORCH_SUCCESS) {
         PyErr_SetString(PyExc_RuntimeError, "torch_cppwrap: CUDA graph install: a group has no storage offset");
         return false;
@@ -430,16 +428,15 @@ class GraphReplay {
       PyObject* tensor = nullptr;
       Py_ssize_t index = 0;
       long long offset = 0;
-      Py_ssize_t bytes = 0;
+      Py_ssize_t bytes = 0;  // what a kOwn output spans; a replay lends it whole
       Tensor probe;
       if (!PyArg_ParseTuple(
               PyList_GET_ITEM(outputs, static_cast<Py_ssize_t>(i)), "iOnLn", &source, &tensor, &index,
               &offset, &bytes) ||
-          api->unpack(tensor, probe.slot(), "graph output") != 0 || !read_dtype(probe, out.dtype)) {
+          api->unpack(tensor, probe.slot(), "graph output") != 0) {
         return false;
       }
       out.offset = static_cast<int64_t>(offset);
-      out.bytes = static_cast<size_t>(bytes);
       const bool from_input = source == Output::kInput || source == Output::kInputView;
       const bool known = (source == Output::kOwn) ||
           (source == Output::kGroup && index >= 0 && static_cast<size_t>(index) < groups_.size()) ||
@@ -465,15 +462,6 @@ class GraphReplay {
     stream_ = reinterpret_cast<void*>(static_cast<uintptr_t>(stream));
     epoch_ = api->pool_epoch();
     state_.store(kReady, std::memory_order_release);
-    return true;
-  }
-
-  // For install: false, with an exception set, where `t` has no dtype.
-  static bool read_dtype(const Tensor& t, int32_t& dtype) {
-    if (aoti_torch_get_dtype(t.get(), &dtype) != AOTI_TORCH_SUCCESS) {
-      PyErr_SetString(PyExc_RuntimeError, "torch_cppwrap: CUDA graph install: an output has no dtype");
-      return false;
-    }
     return true;
   }
 
@@ -700,8 +688,6 @@ class GraphReplay {
     int64_t offset = 0;
     std::vector<int64_t> sizes;
     std::vector<int64_t> strides;
-    int32_t dtype = 0;
-    size_t bytes = 0;  // kOwn: what it spans
   };
   // Pool memory that several outputs share (or one that is not dense): each
   // replay lends it once, and those outputs are views of the loan.
@@ -709,8 +695,6 @@ class GraphReplay {
     Tensor pool;  // a flat view of the memory, in the graph's pool
     Tensor lent;  // this replay's loan of `pool`, until the outputs hold it
     int64_t base = 0;  // `pool`'s storage offset, in elements
-    int32_t dtype = 0;
-    size_t bytes = 0;
   };
 
   static CUdeviceptr address(void* ptr) {

@@ -411,7 +411,7 @@ def _capture(
 OWN, GROUP, INPUT_VIEW, INPUT = 0, 1, 2, 3
 
 # One tensor output for GraphReplay::install: (source, the output as
-# captured, the group's or input's index, an element offset, bytes to copy).
+# captured, the group's or input's index, an element offset, the bytes it spans).
 OutputSource = tuple[int, torch.Tensor, int, int, int]
 
 

@@ -520,6 +520,47 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         for actual, wanted in zip(states, expected, strict=True):
             self.assertEqual(actual, wanted, atol=1e-4, rtol=1e-4)
 
+    def test_the_first_two_calls_lend_their_outputs_too(self) -> None:
+        # The warm-up and the capture hand out their outputs on the pool's
+        # memory, as replays do, not copies in the default pool.  A held
+        # warm-up output may lie in the scratch memory of a graph captured
+        # before it (two graphs of one shape here): that graph's replays move
+        # it out first, so it keeps its values.
+        from torch_cppwrap._inductor import codecache
+
+        first, second = mlp(depth=3).cuda().eval(), mlp(depth=3).cuda().eval()
+        x = torch.randn(32, 256, device="cuda")
+        runtime = codecache.RuntimeExtension.load()
+
+        def in_pool(t: torch.Tensor) -> bool:
+            pool = cuda_graphs._pools[
+                (x.device.index, torch.cuda.current_stream().cuda_stream)
+            ]
+            return any(
+                s["address"] <= t.data_ptr() < s["address"] + s["total_size"]
+                for s in torch.cuda.memory_snapshot()
+                if tuple(s["segment_pool_id"]) == tuple(pool.id)
+            )
+
+        with torch.no_grad():
+            run_first, first_module, _ = self.compile_module(first, (x,))
+            run_first(x)
+            self.assertEqual(first_module.cuda_graph_state(), "ready")
+            compiled = torch.compile(second)
+            with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+                warm = compiled(x)
+            self.assertTrue(in_pool(warm))
+            self.assertEqual(runtime.pool_lender(warm), 0)  # no graph's
+            captured = compiled(x)
+            self.assertTrue(in_pool(captured))
+            self.assertNotEqual(runtime.pool_lender(captured), 0)
+            for _ in range(3):
+                self.assertEqual(run_first(x), first(x), atol=1e-3, rtol=1e-3)
+            expected = second(x)
+        torch.cuda.synchronize()
+        self.assertEqual(warm, expected, atol=1e-3, rtol=1e-3)
+        self.assertEqual(captured, expected, atol=1e-3, rtol=1e-3)
+
     def test_capture_reuses_the_warm_up_memory(self) -> None:
         # The first call (the warm-up) runs in the graphs' memory pool, so
         # the second call's capture takes its intermediates from memory

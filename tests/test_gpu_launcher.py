@@ -346,7 +346,16 @@ class TestReplayOutputs(TestCase):
 
         # The caller's inputs, at new addresses: aliases follow them.
         caller = [weight.clone(), 3, moved.clone()]
-        results = cuda_graphs._replayed_outputs(outputs, sources, groups, caller)
+        runtime = codecache.RuntimeExtension.load()
+        owner = 7  # stands in for the GraphReplay
+        epoch = runtime.pool_epoch()
+        results = cuda_graphs._replayed_outputs(
+            outputs,
+            sources,
+            groups,
+            caller,
+            lambda t: runtime.pool_lend(t, owner, 0, epoch),
+        )
         self.assertIsNone(results[1])
         self.assertIs(results[2], caller[0])
         self.assertEqual(results[3].data_ptr(), caller[2][2:].data_ptr())
@@ -354,15 +363,42 @@ class TestReplayOutputs(TestCase):
             if want is not None:
                 self.assertEqual(got, want)
                 self.assertEqual(got.stride(), want.stride())
-        # Copies, not the pool; and views of one copy where the pool shared.
-        self.assertNotEqual(results[4].data_ptr(), pool_a.data_ptr())
-        self.assertEqual(
-            results[5].untyped_storage().data_ptr(),
-            results[4].untyped_storage().data_ptr(),
-        )
-        self.assertEqual(
-            results[6].untyped_storage().data_ptr(),
-            results[0].untyped_storage().data_ptr(),
+        # Loans of the pool, not copies, as a replay hands out: where outputs
+        # shared the pool's memory, views of one loan.
+        for i in (0, 4, 5, 6):
+            self.assertEqual(runtime.pool_lender(results[i]), owner)
+            self.assertEqual(results[i].data_ptr(), outputs[i].data_ptr())
+        self.assertEqual(results[4].untyped_storage().nbytes(), 96)
+        for view, whole in ((5, 4), (6, 0)):
+            self.assertEqual(
+                results[view].untyped_storage()._cdata,
+                results[whole].untyped_storage()._cdata,
+            )
+
+    def test_a_warm_up_lends_each_storage_once(self) -> None:
+        cpu = torch.device("cpu")
+        weight, pool = torch.randn(4), torch.randn(3, 4)
+        outputs = (pool, weight[1:], pool[1], None, 5, pool.t())
+        lent: list[torch.Tensor] = []
+
+        def lend(t: torch.Tensor) -> torch.Tensor:
+            lent.append(t)
+            return t.detach().clone()  # stands in for a loan: other memory
+
+        results = cuda_graphs._lent_out(outputs, [weight], cpu, lend)
+        self.assertEqual(len(lent), 1)  # pool's storage, once
+        self.assertIs(results[1], outputs[1])  # a view of an input, as it is
+        self.assertEqual(results[3:5], (None, 5))
+        for i in (0, 2, 5):
+            self.assertEqual(results[i], outputs[i])
+            self.assertEqual(results[i].stride(), outputs[i].stride())
+            self.assertNotEqual(results[i].data_ptr(), outputs[i].data_ptr())
+        # Aliases of one loan, as the pool's outputs were of one block.
+        self.assertEqual(results[2].data_ptr(), results[0].data_ptr() + 16)
+        self.assertEqual(results[5].data_ptr(), results[0].data_ptr())
+        # Outputs on another device than the graph's are not the pool's.
+        self.assertIs(
+            cuda_graphs._lent_out([pool], [], torch.device("meta"), lend)[0], pool
         )
 
     def test_a_lone_dense_output_is_copied_whole(self) -> None:

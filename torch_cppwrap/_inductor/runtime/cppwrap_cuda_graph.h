@@ -28,11 +28,11 @@ namespace cuda {
 //   1st call  warms up: torch_cppwrap._inductor.runtime.cuda_graphs.warm_up
 //             runs the kernels (this class runs them at its `yield`) on the
 //             capture stream, allocating from the memory pool the capture
-//             will use, and notes each input's address;
+//             will use, lends the outputs, and notes each input's address;
 //   2nd call  captures the graph: cuda_graphs.capture sets up torch's side
 //             (torch.cuda.graph, the pool, the capture stream) and this class
-//             runs the kernels under it, a warm-up run and the captured one,
-//             and installs the graph;
+//             runs the kernels under it, a warm-up run and the captured one;
+//             the graph is replayed, its outputs lent, and it is installed;
 //   then      each call replays it if every input that kept its address on
 //             the 2nd call still has it.  The others are copied into buffers
 //             the graph owns.  The outputs are lent: tensors on the graph's
@@ -53,10 +53,11 @@ namespace cuda {
 // draws new numbers, the ones a call kernel by kernel would have drawn.  That
 // needs the GIL, so such a replay holds the pool whole (see replay()).
 //
-// Warming up in the pool is what keeps a replayed graph's peak memory at
-// reduce-overhead's: the capture reuses the warm-up's memory, where a first
-// call in the caching allocator's default pool would have left its own
-// intermediates cached beside the pool's.
+// Warming up in the pool, and lending what the first two calls return, is
+// what keeps a replayed graph's peak memory at reduce-overhead's: the
+// capture reuses the warm-up's memory, where a first call in the caching
+// allocator's default pool would have left its own intermediates cached
+// beside the pool's, and no output is copied out of the pool.
 //
 // A call that cannot replay (an input moved, another stream, a warm-up
 // holding the pool) runs the kernels one by one, as does every call when
@@ -355,12 +356,13 @@ class GraphReplay {
   }
 
   // Takes over the graph cuda_graphs.capture made: (graph, exec, device,
-  // stream, buffers, captured, input_bytes, outputs, groups).  `buffers[i]`
+  // stream, buffers, captured, input_bytes, outputs, groups, epoch).  `buffers[i]`
   // is the buffer input i is copied into, or None where the graph reads the
   // input where it was captured (`captured[i]`).  Each output is (source,
   // tensor, index, offset, bytes); see Output.  Each group is (a flat view
-  // of pool memory that several outputs share, its bytes).  False, with an
-  // exception set, when it does not fit.
+  // of pool memory that several outputs share, its bytes).  `epoch` is the
+  // capture's (api->pool_epoch), which the capturing call's loans of the
+  // outputs carry.  False, with an exception set, when it does not fit.
   bool install(PyObject* args) {
     PyObject* graph = nullptr;
     unsigned long long exec = 0;
@@ -371,10 +373,11 @@ class GraphReplay {
     PyObject* input_bytes = nullptr;
     PyObject* outputs = nullptr;
     PyObject* groups = nullptr;
+    long long epoch = 0;
     if (!PyArg_ParseTuple(
-            args, "OKiKO!O!O!O!O!", &graph, &exec, &device, &stream, &PyList_Type, &buffers,
+            args, "OKiKO!O!O!O!O!L", &graph, &exec, &device, &stream, &PyList_Type, &buffers,
             &PyList_Type, &captured, &PyList_Type, &input_bytes, &PyList_Type, &outputs,
-            &PyList_Type, &groups)) {
+            &PyList_Type, &groups, &epoch)) {
       return false;
     }
     std::lock_guard<std::mutex> lock(mutex_);
@@ -460,7 +463,7 @@ class GraphReplay {
     exec_ = reinterpret_cast<CUgraphExec>(static_cast<uintptr_t>(exec));
     device_ = device;
     stream_ = reinterpret_cast<void*>(static_cast<uintptr_t>(stream));
-    epoch_ = api->pool_epoch();
+    epoch_ = static_cast<int64_t>(epoch);
     state_.store(kReady, std::memory_order_release);
     return true;
   }

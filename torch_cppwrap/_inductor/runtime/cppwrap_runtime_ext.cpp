@@ -671,32 +671,33 @@ int64_t pool_epoch() {
   return ++last_epoch;
 }
 
+at::Tensor lend(const at::Tensor& self, const void* lender, const void* stream, int64_t epoch) {
+  c10::StorageImpl* block = self.storage().unsafeGetStorageImpl();
+  c10::DataPtr data(
+      block->mutable_data(),
+      new PoolLoan{c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(block), lender},
+      end_loan,
+      block->device());
+  // Resizable, with the device's allocator, as any storage: a resize_
+  // moves it to memory of its own, which ends the loan.
+  auto lent = c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), block->nbytes(), std::move(data),
+      c10::GetAllocator(block->device_type()), /*resizable=*/true);
+  auto tensor = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(lent), self.key_set(), self.dtype());
+  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
+      self.sizes(), self.strides(), self.storage_offset());
+  {
+    std::lock_guard<std::mutex> lock(loans_mutex);
+    loans.push_back(
+        {stream, block->device().index(), epoch,
+         c10::weak_intrusive_ptr<c10::StorageImpl>(lent)});
+  }
+  return tensor;
+}
+
 int pool_lend(const void* pool, const void* lender, const void* stream, int64_t epoch, void* dst) {
-  return guarded([&] {
-    const at::Tensor& self = tensor_at(pool);
-    c10::StorageImpl* block = self.storage().unsafeGetStorageImpl();
-    c10::DataPtr data(
-        block->mutable_data(),
-        new PoolLoan{c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(block), lender},
-        end_loan,
-        block->device());
-    // Resizable, with the device's allocator, as any storage: a resize_
-    // moves it to memory of its own, which ends the loan.
-    auto lent = c10::make_intrusive<c10::StorageImpl>(
-        c10::StorageImpl::use_byte_size_t(), block->nbytes(), std::move(data),
-        c10::GetAllocator(block->device_type()), /*resizable=*/true);
-    auto tensor = at::detail::make_tensor<c10::TensorImpl>(
-        c10::Storage(lent), self.key_set(), self.dtype());
-    tensor.unsafeGetTensorImpl()->set_sizes_and_strides(
-        self.sizes(), self.strides(), self.storage_offset());
-    {
-      std::lock_guard<std::mutex> lock(loans_mutex);
-      loans.push_back(
-          {stream, block->device().index(), epoch,
-           c10::weak_intrusive_ptr<c10::StorageImpl>(lent)});
-    }
-    new (dst) at::Tensor(std::move(tensor));
-  });
+  return guarded([&] { new (dst) at::Tensor(lend(tensor_at(pool), lender, stream, epoch)); });
 }
 
 int pool_reclaim(
@@ -829,4 +830,19 @@ PYBIND11_MODULE(_C, m) {
       },
       "Which CUDA graph (GraphReplay) lent `t`'s memory out of its pool; 0 "
       "where none did.");
+  m.def("pool_epoch", pool_epoch, "A new capture's epoch (see pool_lend).");
+  m.def(
+      "pool_lend",
+      [](pybind11::handle obj, uintptr_t lender, uintptr_t stream, int64_t epoch) {
+        if (!THPVariable_Check(obj.ptr())) {
+          throw pybind11::type_error("pool_lend takes a tensor");
+        }
+        return pybind11::reinterpret_steal<pybind11::object>(THPVariable_Wrap(lend(
+            THPVariable_Unpack(obj.ptr()), reinterpret_cast<const void*>(lender),
+            reinterpret_cast<const void*>(stream), epoch)));
+      },
+      "`t`'s memory (a block of the CUDA graphs' pool served on `stream`) on "
+      "a storage of its own, lent by `lender` (0: by no graph, a warm-up) at "
+      "`epoch`: replays of graphs captured at that epoch or before move it "
+      "out of the pool, while held, before they overwrite it.");
 }

@@ -11,7 +11,8 @@ is set up here, and at each ``yield`` C++ runs the graph's kernels itself on
 the inputs yielded and sends back their outputs.  Nothing here calls into the
 module.  :func:`warm_up` runs the kernels once on the capture stream,
 allocating from the memory pool the capture will use, and notes each input's
-address; :func:`capture` captures them.  From then on ``GraphReplay``
+address; :func:`capture` captures them.  Both lend what the call returns
+instead of copying it out of the pool, as a replay does.  From then on ``GraphReplay``
 replays the graph in C++ with no Python; see ``cppwrap_cuda_graph.h`` for
 what a replay does.
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, Literal, cast
 
 import torch
@@ -79,7 +80,9 @@ _capture_streams: dict[int, torch.cuda.Stream] = {}
 # the pool (cppwrap_api.h, pool_reclaim).  An eager run in the pool (a
 # warm-up) may be given a graph's scratch memory too: it holds the pool
 # (GraphReplay::prepare) so that no replay is queued meanwhile, and what it
-# returns is copied out of the pool.
+# returns is lent at an epoch of its own, later than every graph's so far,
+# so that each of them moves what is still held out of the pool before it
+# replays.
 _pools: dict[tuple[int, int], torch.cuda.MemPool] = {}
 
 
@@ -127,8 +130,9 @@ def _storage(t: torch.Tensor) -> int:
 # sent (the kernels' outputs) and returns: this call's outputs, and the
 # arguments of GraphReplay::install (the graph, its executable, device and
 # stream, each input's buffer or None, the captured inputs' addresses (0 for
-# an int) and bytes, where each tensor output comes from (_output_sources)
-# and the pool memory that outputs share).  Or None, or False: see capture.
+# an int) and bytes, where each tensor output comes from (_output_sources),
+# the pool memory that outputs share, and the capture's epoch, which this
+# call's loans carry).  Or None, or False: see capture.
 Capture = Generator[
     list[torch.Tensor],
     Sequence[Any],
@@ -203,16 +207,31 @@ def _static(arg: torch.Tensor) -> bool:
     )
 
 
+def _runtime() -> Any:
+    from torch_cppwrap._inductor import codecache
+
+    return codecache.RuntimeExtension.load()
+
+
+# Lends a tensor's pool memory on a storage of its own (_C.pool_lend).
+Lend = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _lender(owner: int, stream: torch.cuda.Stream, epoch: int) -> Lend:
+    """Lends pool memory as the graph `owner` (0: a warm-up, which no graph
+    reads in place) captured at `epoch` does, for the pool of `stream`."""
+    runtime = _runtime()
+    handle = stream.cuda_stream
+    return lambda t: runtime.pool_lend(t, owner, handle, epoch)
+
+
 def _lent_by_another(arg: torch.Tensor, owner: int) -> bool:
     """Whether `arg` lies in memory another graph's replay lent out of its
     pool (GraphReplay::lend): an activation a replayed forward saved for
     this backward.  That graph keeps it there, call after call, until it
     replays again, so a replay can read it where it is.  Never a graph's own
     output fed back to it (a recurrent state): its replay writes there."""
-    from torch_cppwrap._inductor import codecache
-
-    lender = codecache.RuntimeExtension.load().pool_lender(arg)
-    return lender not in (0, owner)
+    return _runtime().pool_lender(arg) not in (0, owner)
 
 
 def _tensors(args: Sequence[Any]) -> list[torch.Tensor]:
@@ -230,7 +249,7 @@ def warm_up(args: list[Any]) -> WarmUp:
     kernels on the capture stream, allocating from the memory pool that the
     capture (the next call) takes its memory from, so that the capture reuses
     this run's memory instead of adding its own.  Returns this call's outputs
-    (copied out of the pool) and the inputs' addresses; None when the graph
+    (lent out of the pool) and the inputs' addresses; None when the graph
     is not to be captured: the module then runs this call, and every later
     one, kernel by kernel; False when not on these inputs: this call runs
     kernel by kernel, and the next warms up (a few times at most).  A failed
@@ -259,34 +278,40 @@ def warm_up(args: list[Any]) -> WarmUp:
                 outputs = yield list(inputs)
         finally:
             stream.wait_stream(side)
-        results = _copied_out(outputs, _tensors(inputs))
-        # The pool may give the outputs' memory to the capture stream again
-        # once they are freed: only after the copies have read them.
-        side.wait_stream(stream)
+    # Lent, not copied: held, they stay allocated, so no capture is given
+    # their memory; a graph captured before may have it as scratch, and its
+    # next replay moves them out first (their epoch is later than its).
+    # Freed, their memory goes back to the pool on the capture stream, whose
+    # next run waits for this stream first.
+    results = _lent_out(
+        outputs, _tensors(inputs), device, _lender(0, stream, _runtime().pool_epoch())
+    )
     return results, [_address(a) for a in inputs]
 
 
-def _copied_out(
-    outputs: Sequence[Any], inputs: Sequence[torch.Tensor]
+def _lent_out(
+    outputs: Sequence[Any],
+    inputs: Sequence[torch.Tensor],
+    device: torch.device,
+    lend: Lend,
 ) -> tuple[Any, ...]:
-    """`outputs` with every tensor the graph allocated (in the pool) moved
-    into memory of its own, storage by storage, so that views and outputs
-    sharing memory keep their strides and aliasing.  Outputs that are views of
-    inputs stay as they are."""
+    """`outputs` with every tensor the kernels allocated on `device` (in the
+    pool) lent, one loan per storage, so that views and outputs sharing
+    memory keep their strides and aliasing.  Outputs that are views of inputs,
+    and any on another device, stay as they are."""
     kept = {_storage(t) for t in inputs}
-    copies: dict[int, torch.UntypedStorage] = {}
+    loans: dict[int, torch.UntypedStorage] = {}
     results: list[Any] = []
     for t in outputs:
-        if not isinstance(t, torch.Tensor) or _storage(t) in kept:
+        if not isinstance(t, torch.Tensor) or t.device != device or _storage(t) in kept:
             results.append(t)
             continue
-        storage = t.untyped_storage()
-        copy = copies.get(storage.data_ptr())
-        if copy is None:
-            copy = copies[storage.data_ptr()] = storage.clone()
+        storage = loans.get(_storage(t))
+        if storage is None:
+            storage = loans[_storage(t)] = lend(t).untyped_storage()
         results.append(
             torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                copy, t.storage_offset(), t.size(), t.stride()
+                storage, t.storage_offset(), t.size(), t.stride()
             )
         )
     return tuple(results)
@@ -387,9 +412,12 @@ def _capture(
         return None
     tensor_outputs, groups = sources
 
+    epoch = _runtime().pool_epoch()
     with torch.cuda.stream(stream):
         graph.replay()  # advances the CUDA generator, as a replay from C++ does
-        results = _replayed_outputs(outputs, tensor_outputs, groups, args)
+    results = _replayed_outputs(
+        outputs, tensor_outputs, groups, args, _lender(owner, stream, epoch)
+    )
     log.debug(
         "torch_cppwrap: graph captured; %d input(s) copied per call",
         sum(b is not None for b in buffers),
@@ -404,6 +432,7 @@ def _capture(
         [_extent(a) if isinstance(a, torch.Tensor) else 0 for a in graph_inputs],
         tensor_outputs,
         groups,
+        epoch,
     )
 
 
@@ -503,11 +532,12 @@ def _replayed_outputs(
     sources: Sequence[OutputSource],
     groups: Sequence[tuple[torch.Tensor, int]],
     args: Sequence[Any],
+    lend: Lend,
 ) -> tuple[Any, ...]:
-    """What the capturing call returns: copies of the pool's memory, with the
-    aliasing a replay's loans have (GraphReplay::queue), and the caller's own
+    """What the capturing call returns: what a replay returns
+    (GraphReplay::queue), loans of the pool's memory, and the caller's own
     `args` where an output is (a view of) an input."""
-    copies = [flat.clone() for flat, _ in groups]
+    loans = [lend(flat) for flat, _ in groups]
     pending = iter(sources)
     results: list[Any] = []
     for t in outputs:
@@ -516,9 +546,12 @@ def _replayed_outputs(
             continue
         source, _, index, offset, _ = next(pending)
         if source == OWN:
-            results.append(t.clone())
+            results.append(lend(t))
         elif source == GROUP:
-            results.append(copies[index].as_strided(t.shape, t.stride(), offset))
+            lent = loans[index]
+            results.append(
+                lent.as_strided(t.shape, t.stride(), lent.storage_offset() + offset)
+            )
         elif source == INPUT:
             results.append(args[index])
         else:

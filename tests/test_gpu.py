@@ -283,7 +283,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             (stats,) = module.cuda_graph_stats()
             self.assertEqual((stats["replays"], stats["missed"]), (4, 0), offset)
 
-    def test_replaced_parameters_are_recaptured(self) -> None:
+    def test_replaced_parameters_get_a_graph_of_their_own(self) -> None:
         def fn(x, w1, w2):
             return torch.relu(x @ w1) @ w2 + 1
 
@@ -296,11 +296,11 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             param(torch.randn(32, 32, device="cuda")),
             param(torch.randn(32, 8, device="cuda")),
         ]
-        # Every CUDA graph made, and how many were alive at each capture: the
-        # graph a recapture replaces must be gone (with its memory pool)
-        # before the new one is captured.
-        # And both captures use one stream (cuBLAS keeps a workspace for every
-        # stream it ran on).
+        # Every CUDA graph made, and how many were alive at each capture: new
+        # parameters get a graph of their own, and the old one stays for when
+        # the old parameters come back (a model's identical blocks, compiled
+        # apart, share one module).  Both captures use one stream (cuBLAS
+        # keeps a workspace for every stream it ran on).
         made: list[weakref.ref[torch.cuda.CUDAGraph]] = []
         alive_at_capture: list[int] = []
         capture_streams: list[int] = []
@@ -325,13 +325,18 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             mock.patch.object(cuda_graphs, "capture", counting_capture),
         ):
             compiled, module, _ = self.compile_module(fn, args)
-            for step in range(6):
-                if step == 2:  # new weights at new addresses from here on
-                    args = [args[0], param(args[1].clone()), param(args[2].clone() * 2)]
+            old = args
+            new = [args[0], param(args[1].clone()), param(args[2].clone() * 2)]
+            # Calls 2-3 capture and replay the old; 4-6 warm up, capture and
+            # replay the new; then the two take turns, each replayed.
+            for args in [old] * 2 + [new] * 3 + [old, new] * 2:
                 self.assertEqual(compiled(*args), fn(*args), atol=1e-3, rtol=1e-3)
-        (stats,) = module.cuda_graph_stats()
-        self.assertEqual((stats["state"], stats["recaptures"]), ("ready", 1))
-        self.assertEqual(alive_at_capture, [0, 0])
+        stats = module.cuda_graph_stats()
+        self.assertEqual(
+            [(s["state"], s["replays"], s["missed"], s["recaptures"]) for s in stats],
+            [("ready", 3, 0, 0), ("ready", 3, 0, 0)],
+        )
+        self.assertEqual(alive_at_capture, [0, 1])
         self.assertEqual(len(made), 2)
         self.assertEqual(len(capture_streams), 2)
         self.assertEqual(capture_streams[0], capture_streams[1])
@@ -487,6 +492,17 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         for actual, expected, actual2, expected2 in outs:
             self.assertEqual(actual, expected, atol=1e-3, rtol=1e-3)
             self.assertEqual(actual2, expected2, atol=1e-3, rtol=1e-3)
+        # The two graphs have the same code, so one module (the code cache
+        # loads it once), which keeps a graph for each one's parameters:
+        # warm-up, capture and 3 replays each, none missed.
+        self.assertIs(first_module, second_module)
+        self.assertEqual(
+            [
+                (s["state"], s["replays"], s["missed"])
+                for s in first_module.cuda_graph_stats()
+            ],
+            [("ready", 3, 0)] * 2,
+        )
         stream = torch.cuda.current_stream().cuda_stream
         self.assertIn((x.device.index, stream), cuda_graphs._pools)
 

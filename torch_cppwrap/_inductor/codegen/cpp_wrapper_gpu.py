@@ -632,9 +632,10 @@ class CppWrapperGpu(CppWrapperCpu):
             "cuda_graph->observe(graph_inputs);",
         ]
 
-    # Graphs captured at most for one graph compiled for dynamic shapes, one
-    # per set of sizes; later sizes run kernel by kernel.  As many as
-    # cudagraph trees record before they warn.
+    # Graphs captured at most for one module: one per set of sizes (a graph
+    # compiled for dynamic shapes) and per set of parameters (graphs of the
+    # same code share the module); later ones run kernel by kernel.  As many
+    # as cudagraph trees record before they warn.
     max_cuda_graphs = 8
 
     def cuda_graph_key_inputs(self) -> list[int]:
@@ -684,7 +685,7 @@ class CppWrapperGpu(CppWrapperCpu):
             *lines,
             f"static cppwrap::cuda::GraphReplays cuda_graphs({n_inputs}, "
             f"{len(self._tensor_outputs())}, {{{', '.join(map(str, keys))}}}, "
-            f"{self.max_cuda_graphs if keys else 1}, "
+            f"{self.max_cuda_graphs}, "
             f"/*draws_random=*/{'true' if self.draws_random_numbers else 'false'});",
             "",
             "static PyObject* run(PyObject* args, bool replayable);",

@@ -104,6 +104,27 @@ class GraphReplay {
     return now == kWarmup || now == kCapture;
   }
 
+  // Whether a call with `args` (with the GIL) is for the graph this replay
+  // was warmed up for: its anchor, the first parameter (or buffer) among the
+  // inputs, is where it was then.  Graphs of the same code (a model's
+  // identical blocks, compiled apart) share one module, and so its replays:
+  // each set of parameters gets one of its own (GraphReplays::select).
+  bool fits(PyObject* args) const {
+    const State now = state();
+    const int anchor = anchor_.load(std::memory_order_acquire);
+    if ((now != kCapture && now != kReady) || anchor < 0 || !PyList_Check(args) ||
+        anchor >= PyList_GET_SIZE(args)) {
+      return true;
+    }
+    cppwrap::Input probe;
+    if (api->borrow(PyList_GET_ITEM(args, anchor), probe.slot(), "graph input") != 0) {
+      PyErr_Clear();
+      return true;  // left for the unpacking to report
+    }
+    probe.set_borrowed();
+    return probe.data_ptr() == anchor_ptr_.load(std::memory_order_acquire);
+  }
+
   // `inputs` (in replay and observe) has one entry per graph input: the
   // tensor, or nullptr for an int input (whose value the graph was captured
   // with; GraphReplays keeps one graph per value).
@@ -130,6 +151,7 @@ class GraphReplay {
       for (size_t i = 0; i < first_ptrs_.size(); ++i) {
         first_ptrs_[i] = inputs[i] != nullptr ? inputs[i]->data_ptr() : nullptr;
       }
+      note_anchor();
       state_.store(kCapture, std::memory_order_release);
       return;
     }
@@ -151,6 +173,7 @@ class GraphReplay {
     if (misses_ >= 2) {
       misses_ = 0;
       ++recaptures_;
+      note_anchor();
       state_.store(kCapture, std::memory_order_release);
     }
   }
@@ -298,6 +321,7 @@ class GraphReplay {
       for (size_t i = 0; i < inputs_.size(); ++i) {
         first_ptrs_[i] = inputs[i] != nullptr ? inputs[i]->data_ptr() : nullptr;
       }
+      note_anchor();
       ++recaptures_;
       state_.store(kCapture, std::memory_order_release);
     }
@@ -492,8 +516,9 @@ class GraphReplay {
   };
 
   // The 1st call: cuda_graphs.warm_up(args) returns (this call's outputs,
-  // the inputs' addresses); None when the graph is not to be captured; or
-  // False when not on this call's inputs (a later call warms up instead).
+  // the inputs' addresses, the anchor's index or -1); None when the graph is
+  // not to be captured; or False when not on this call's inputs (a later
+  // call warms up instead).
   PyObject* warm_up(PyObject* args, RunKernels run_kernels) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -515,15 +540,21 @@ class GraphReplay {
       outputs = Py_NewRef(Py_None);
       next = give_up() ? kOff : kWarmup;
     } else if (result != nullptr) {
-      if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != 2 ||
+      if (!PyTuple_Check(result) || PyTuple_GET_SIZE(result) != 3 ||
           !PyList_Check(PyTuple_GET_ITEM(result, 1)) ||
           static_cast<size_t>(PyList_GET_SIZE(PyTuple_GET_ITEM(result, 1))) != first_ptrs_.size()) {
-        PyErr_SetString(PyExc_TypeError, "torch_cppwrap: CUDA graph warm-up returned no (outputs, addresses)");
+        PyErr_SetString(
+            PyExc_TypeError, "torch_cppwrap: CUDA graph warm-up returned no (outputs, addresses, anchor)");
       } else {
         PyObject* ptrs = PyTuple_GET_ITEM(result, 1);
         for (size_t i = 0; i < first_ptrs_.size(); ++i) {
           first_ptrs_[i] = PyLong_AsVoidPtr(PyList_GET_ITEM(ptrs, static_cast<Py_ssize_t>(i)));
         }
+        const long anchor = PyLong_AsLong(PyTuple_GET_ITEM(result, 2));
+        anchor_.store(
+            anchor >= 0 && static_cast<size_t>(anchor) < first_ptrs_.size() ? static_cast<int>(anchor) : -1,
+            std::memory_order_release);
+        note_anchor();
         if (!PyErr_Occurred()) {
           outputs = Py_NewRef(PyTuple_GET_ITEM(result, 0));
           next = kCapture;
@@ -597,6 +628,13 @@ class GraphReplay {
       state_.store(kOff, std::memory_order_release);
     }
     return outputs;
+  }
+
+  // Where the anchor is (first_ptrs_ changed), for fits().  With mutex_
+  // held, or the GIL in a warm-up.
+  void note_anchor() {
+    const int anchor = anchor_.load(std::memory_order_acquire);
+    anchor_ptr_.store(anchor >= 0 ? first_ptrs_[static_cast<size_t>(anchor)] : nullptr, std::memory_order_release);
   }
 
   // After a warm-up or capture declined this call's inputs (a CPU tensor
@@ -722,6 +760,10 @@ class GraphReplay {
   std::atomic<int64_t> replays_{0};
   std::atomic<int64_t> missed_{0};
   std::vector<void*> first_ptrs_;
+  // The first parameter's index among the inputs (-1: none), from the
+  // warm-up, and its address then; see fits().
+  std::atomic<int> anchor_{-1};
+  std::atomic<void*> anchor_ptr_{nullptr};
   std::vector<Input> inputs_;
   std::vector<Output> outputs_;
   std::vector<Group> groups_;
@@ -732,13 +774,15 @@ class GraphReplay {
   int64_t epoch_ = 0;  // when installed, among all graphs (api->pool_epoch)
 };
 
-// One graph's replays, one per set of sizes.  A graph compiled for dynamic
-// shapes is captured once for each set of values that its symbolic sizes
-// take, as cudagraph trees record one graph per size, up to `max_graphs`;
-// calls with sizes beyond those run kernel by kernel.  The sets are told
-// apart by the sizes and strides of the inputs that have symbolic ones, and
-// the values of the int inputs (`key_inputs`).  A graph of fixed shapes has
-// no key inputs and one replay.  Used with the GIL held.
+// One graph's replays, one per set of sizes and of parameters.  A graph
+// compiled for dynamic shapes is captured once for each set of values that
+// its symbolic sizes take, as cudagraph trees record one graph per size, up
+// to `max_graphs`; calls with sizes beyond those run kernel by kernel.  The
+// sets are told apart by the sizes and strides of the inputs that have
+// symbolic ones, and the values of the int inputs (`key_inputs`).  Graphs
+// of the same code share a module (the code cache loads it once): each set
+// of parameters it runs on is captured apart, within the same bound.  Used
+// with the GIL held.
 class GraphReplays {
  public:
   GraphReplays(
@@ -757,15 +801,12 @@ class GraphReplays {
   GraphReplays(const GraphReplays&) = delete;
   GraphReplays& operator=(const GraphReplays&) = delete;
 
-  // Before the inputs are unpacked: the replay for this call's sizes, or
-  // nullptr (the call runs kernel by kernel; a malformed argument list is
-  // left for the unpacking to report).
+  // Before the inputs are unpacked: the replay for this call's sizes and
+  // parameters, or nullptr (the call runs kernel by kernel; a malformed
+  // argument list is left for the unpacking to report).
   GraphReplay* select(PyObject* args) {
-    if (key_inputs_.empty()) {
-      return entries_.front().replay.get();
-    }
     std::vector<int64_t>& key = scratch_;
-    if (!read_key(args, key)) {
+    if (!key_inputs_.empty() && !read_key(args, key)) {
       return nullptr;
     }
     // The first entry is made before any key is known: it takes the first.
@@ -775,13 +816,23 @@ class GraphReplays {
       first.keyed = true;
       return first.replay.get();
     }
+    // Mostly the first entry of this key; another where the same code runs
+    // on other parameters (see GraphReplay::fits).
+    GraphReplay* same_sizes = nullptr;
     for (Entry& entry : entries_) {
       if (entry.key == key) {
-        return entry.replay.get();
+        if (entry.replay->fits(args)) {
+          return entry.replay.get();
+        }
+        if (same_sizes == nullptr) {
+          same_sizes = entry.replay.get();
+        }
       }
     }
     if (entries_.size() >= max_graphs_) {
-      return nullptr;
+      // Beyond the bound: the first of these sizes captures again once
+      // the same parameters come twice in a row (GraphReplay::observe).
+      return same_sizes;
     }
     entries_.push_back({key, make_replay(), true});
     return entries_.back().replay.get();

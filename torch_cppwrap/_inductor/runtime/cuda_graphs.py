@@ -140,12 +140,13 @@ Capture = Generator[
 ]
 
 
-# What the warm-up coroutine returns: this call's outputs and the inputs'
-# addresses, for C++ to note (or None, or False: see warm_up).
+# What the warm-up coroutine returns: this call's outputs, the inputs'
+# addresses and the index of the first parameter among them (-1: none), for
+# C++ to note (or None, or False: see warm_up).
 WarmUp = Generator[
     list[torch.Tensor],
     Sequence[Any],
-    "tuple[tuple[Any, ...], list[int]] | Literal[False] | None",
+    "tuple[tuple[Any, ...], list[int], int] | Literal[False] | None",
 ]
 
 
@@ -249,12 +250,12 @@ def warm_up(args: list[Any]) -> WarmUp:
     kernels on the capture stream, allocating from the memory pool that the
     capture (the next call) takes its memory from, so that the capture reuses
     this run's memory instead of adding its own.  Returns this call's outputs
-    (lent out of the pool) and the inputs' addresses; None when the graph
-    is not to be captured: the module then runs this call, and every later
-    one, kernel by kernel; False when not on these inputs: this call runs
-    kernel by kernel, and the next warms up (a few times at most).  A failed
-    run is thrown in at the `yield` and goes on up: the call fails as it
-    would have, and the next warms up."""
+    (lent out of the pool), the inputs' addresses and the first parameter's
+    index; None when the graph is not to be captured: the module then runs
+    this call, and every later one, kernel by kernel; False when not on these
+    inputs: this call runs kernel by kernel, and the next warms up (a few
+    times at most).  A failed run is thrown in at the `yield` and goes on
+    up: the call fails as it would have, and the next warms up."""
     why = _why_not_capture(args)
     if why is not None:
         return _decline(*why)
@@ -286,7 +287,12 @@ def warm_up(args: list[Any]) -> WarmUp:
     results = _lent_out(
         outputs, _tensors(inputs), device, _lender(0, stream, _runtime().pool_epoch())
     )
-    return results, [_address(a) for a in inputs]
+    # What tells graphs of the same code apart (GraphReplay::fits).
+    anchor = next(
+        (i for i, a in enumerate(inputs) if isinstance(a, torch.Tensor) and _static(a)),
+        -1,
+    )
+    return results, [_address(a) for a in inputs], anchor
 
 
 def _lent_out(

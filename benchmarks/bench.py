@@ -540,11 +540,18 @@ def run_worker(
         fn, mode=mode.compile_mode, dynamic=True if spec.dynamic else None
     )
 
+    zero_grad = getattr(fn, "zero_grad", None)
+
     def step() -> Any:
         if mode.compile_mode == "reduce-overhead":
             # A new step: Inductor's CUDA graphs may reuse the last one's
             # outputs (a training step's backward needs it said).
             torch.compiler.cudagraph_mark_step_begin()
+        if zero_grad is not None:
+            # Gradients set to None, as a training loop's zero_grad() does:
+            # accumulating into the last step's would read reduce-overhead's
+            # outputs after its next replay overwrote them.
+            zero_grad()
         out = compiled(*args)
         if spec.train:
             out.backward()
@@ -568,6 +575,11 @@ def run_worker(
     result["ok"], result["max_abs_err"] = compare(
         actual, expected, rtol=spec.rtol, atol=spec.atol
     )
+    # Dropped before the timed calls, as a serving loop drops each result:
+    # held, the first call's outputs would keep their memory in a replayed
+    # graph's pool (reduce-overhead's are freed by its next replay anyway,
+    # and may no longer be read).
+    del actual
 
     modules = new_compiled_modules(before)
     result["graphs"] = len(modules)

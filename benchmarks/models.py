@@ -3,7 +3,8 @@ random weights (nothing is downloaded).
 
 Each builder takes a device and returns (callable, example inputs), as
 bench.py's own workloads do.  Inference models are in eval mode; the
-training step returns a loss for bench.py to call ``backward()`` on.
+training step returns a loss for bench.py to call ``backward()`` on, and
+carries ``zero_grad``, which bench.py calls before each step.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def gpt2_train_step(device: str) -> Built:
     def loss(ids: Any) -> Any:
         return model(ids, labels=ids).loss
 
+    # What a training loop does before each step (optimizer.zero_grad()):
+    # the gradients are the backward's outputs, not sums over steps.
+    loss.zero_grad = lambda: model.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
     return loss, (_ids(device, 2, 64, model.config.vocab_size),)
 
 

@@ -771,7 +771,7 @@ class GraphReplay {
   CUgraphExec exec_ = nullptr;
   int32_t device_ = 0;
   void* stream_ = nullptr;
-  int64_t epoch_ = 0;  // when installed, among all graphs (api->pool_epoch)
+  int64_t epoch_ = 0;  // its capture's, among all graphs' (api->pool_epoch)
 };
 
 // One graph's replays, one per set of sizes and of parameters.  A graph

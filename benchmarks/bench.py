@@ -605,8 +605,8 @@ def run_worker(
             result["e2e_us_median"], result["e2e_us"] = e2e.median_us, e2e.min_us
             # Before the module's `call` is timed: that runs on get_args()'s
             # inputs, parameters at other addresses than the compiled
-            # function's, which a replayed graph runs kernel by kernel (in
-            # the default pool) before it captures again.
+            # function's, for which ours warms up and captures a second
+            # graph (one per set of parameters), in the same pool.
             result["mem_peak_mb"] = memory.peak_mb()
             result["mem_source"] = memory.source
             # CUDA graphs replay the whole graph; its module's `call` alone is

@@ -173,9 +173,9 @@ typedef struct CppwrapApi {
       const void* pool, const void* lender, const void* stream, int64_t epoch, void* dst);
   // Before a graph of `epoch` replays on `stream` of `device`: takes back
   // every loan of its pool from a capture of that epoch or later, whose block
-  // may be this graph's memory.  A lent storage still held moves to fresh memory from the
-  // caching allocator on the current stream, after `copy(context, to, from,
-  // bytes)` has queued the copy of its bytes there.
+  // may be this graph's memory.  A lent storage still held moves to fresh
+  // memory from the caching allocator on the current stream, after
+  // `copy(context, to, from, bytes)` has queued the copy of its bytes there.
   int (*pool_reclaim)(
       int32_t device, const void* stream, int64_t epoch, PoolCopy copy, void* context);
   // The graph that lent the memory of the tensor in `slot`, or null.

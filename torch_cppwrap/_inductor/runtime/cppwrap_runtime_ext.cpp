@@ -654,9 +654,9 @@ void end_loan(void* loan) {
 
 // Every loan not yet taken back, with the device and stream its pool serves
 // (the default stream has one handle on every device) and the epoch of its
-// lender's capture.  A graph captured before that epoch may have
-// been given the lent block as scratch memory (it was free then), so its
-// replay takes the loan back first.
+// lender's capture.  A graph captured before that epoch may have been given
+// the lent block as scratch memory (it was free then), so its replay takes
+// the loan back first.
 struct LoanRecord {
   const void* stream;
   int32_t device;

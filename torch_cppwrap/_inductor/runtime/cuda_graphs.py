@@ -12,9 +12,9 @@ the inputs yielded and sends back their outputs.  Nothing here calls into the
 module.  :func:`warm_up` runs the kernels once on the capture stream,
 allocating from the memory pool the capture will use, and notes each input's
 address; :func:`capture` captures them.  Both lend what the call returns
-instead of copying it out of the pool, as a replay does.  From then on ``GraphReplay``
-replays the graph in C++ with no Python; see ``cppwrap_cuda_graph.h`` for
-what a replay does.
+instead of copying it out of the pool, as a replay does.  From then on
+``GraphReplay`` replays the graph in C++ with no Python; see
+``cppwrap_cuda_graph.h`` for what a replay does.
 
 Parameters and buffers (and tensors marked with
 torch._dynamo.mark_static_address) that kept their address between the two

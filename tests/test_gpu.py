@@ -614,6 +614,41 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             self.assertEqual(out, fn(x, w), atol=1e-2, rtol=1e-2)
         self.assertLess(rise, intermediate, f"reserved {rise / 2**20:.0f} MiB more")
 
+    def test_cublas_workspace_is_scratch_of_the_pool(self) -> None:
+        # cuBLAS keeps a workspace for each stream a matmul ran on (32 MiB on
+        # Hopper).  The capture stream's is made in the graphs' pool by the
+        # warm-up and the capture, and dropped after each: once the graph is
+        # replayed, nothing of this graph but its output stays allocated in
+        # the pool.
+        def pool_allocated() -> int:
+            pools = {tuple(p.id) for p in cuda_graphs._pools.values()}
+            return sum(
+                s["allocated_size"]
+                for s in torch.cuda.memory_snapshot()
+                if tuple(s["segment_pool_id"]) in pools
+            )
+
+        def fn(x, w):
+            return torch.relu(x @ w) @ w
+
+        x = torch.randn(64, 64, device="cuda")
+        w = torch.randn(64, 64, device="cuda")
+        # No workspace left from an earlier test: this graph's warm-up makes one.
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.synchronize()
+        before = pool_allocated()
+        with torch.no_grad():
+            compiled, module, source = self.compile_module(fn, (x, w))
+            self.assertIn("aoti_torch_cuda_mm_out", source)
+            for _ in range(3):
+                out = compiled(x, w)
+            self.assertEqual(module.cuda_graph_state(), "ready")
+            self.assertEqual(out, fn(x, w), atol=1e-2, rtol=1e-2)
+            del out
+        torch.cuda.synchronize()
+        rise = pool_allocated() - before
+        self.assertLess(rise, 2**20, f"{rise / 2**20:.1f} MiB left in the pool")
+
     def test_replays_on_one_thread_while_another_warms_up(self) -> None:
         # A warm-up runs eagerly in the memory pool where a replayed graph's
         # scratch memory lies free between replays.  While one holds the

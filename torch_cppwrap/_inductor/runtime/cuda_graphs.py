@@ -34,6 +34,7 @@ Set ``TORCH_CPPWRAP_CUDA_GRAPHS=0`` to run every call kernel by kernel.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Generator, Sequence
@@ -101,6 +102,22 @@ def _capture_stream(device: torch.device) -> torch.cuda.Stream:
     if stream is None:
         stream = _capture_streams[index] = torch.cuda.Stream(device)
     return stream
+
+
+@contextlib.contextmanager
+def _cublas_workspace_as_scratch() -> Generator[None, None, None]:
+    """Around a run in the pool: cuBLAS drops its workspaces before and
+    after it.  cuBLAS keeps one per stream, allocated on first use and held
+    for good; one the capture stream's first matmul allocated in the pool
+    would stay allocated there (32 MiB on Hopper) and be read by every graph
+    captured on that stream.  Dropped after each run, it is the run's scratch
+    memory like any other: free in the pool between runs, which graphs share
+    as they share their other scratch.  cudagraph trees do the same."""
+    torch._C._cuda_clearCublasWorkspaces()
+    try:
+        yield
+    finally:
+        torch._C._cuda_clearCublasWorkspaces()
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -275,7 +292,11 @@ def warm_up(args: list[Any]) -> WarmUp:
     with torch.cuda.device(device):
         side.wait_stream(stream)
         try:
-            with torch.cuda.stream(side), torch.cuda.use_mem_pool(pool, device):
+            with (
+                torch.cuda.stream(side),
+                torch.cuda.use_mem_pool(pool, device),
+                _cublas_workspace_as_scratch(),
+            ):
                 outputs = yield list(inputs)
         finally:
             stream.wait_stream(side)
@@ -389,12 +410,12 @@ def _capture(
         side = _capture_stream(device)
         pool = _memory_pool(device, stream)
         # One run on the capture stream, from this thread, first: cuBLAS makes
-        # its handle per thread and its workspace per stream, neither of which
-        # may happen while capturing (a failed capture can leave the CUDA
-        # generator thinking it is still capturing).  In the pool, where the
-        # warm-up's memory is cached for it.  What it draws from the CUDA
-        # generator is drawn again by the replay below, so that this call
-        # returns the numbers a call kernel by kernel would have.
+        # its handle per thread, which may not happen while capturing (a
+        # failed capture can leave the CUDA generator thinking it is still
+        # capturing).  In the pool, where the warm-up's memory is cached for
+        # it.  What it draws from the CUDA generator is drawn again by the
+        # replay below, so that this call returns the numbers a call kernel by
+        # kernel would have.
         generator = torch.cuda.default_generators[device.index]
         rng_state = generator.get_state() if draws_random else None
         side.wait_stream(stream)
@@ -404,11 +425,16 @@ def _capture(
         if rng_state is not None:
             generator.set_state(rng_state)
         # thread_local: other threads keep running kernel by kernel meanwhile.
-        with torch.cuda.graph(
-            graph,
-            pool=cast(Any, pool.id),  # a pool handle, as graph_pool_handle()'s
-            stream=side,
-            capture_error_mode="thread_local",
+        # cuBLAS's workspace for the capture stream is made while capturing,
+        # in the pool, and dropped after: the graph's scratch.
+        with (
+            _cublas_workspace_as_scratch(),
+            torch.cuda.graph(
+                graph,
+                pool=cast(Any, pool.id),  # a pool handle, as graph_pool_handle()'s
+                stream=side,
+                capture_error_mode="thread_local",
+            ),
         ):
             outputs = tuple((yield list(graph_inputs)))
 

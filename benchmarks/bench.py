@@ -64,6 +64,10 @@ class Mode:
     cuda_only: bool = False
     # Environment variables the worker runs with.
     environ: tuple[tuple[str, str], ...] = ()
+    # A mode that compiles the same code as another (only the environment
+    # differs at run time) skips its cold compile when both run, and times
+    # on the cache that mode's cold compile left.
+    cold_from: str | None = None
 
 
 MODES: dict[str, Mode] = {
@@ -86,6 +90,7 @@ MODES: dict[str, Mode] = {
             imports_torch_cppwrap=True,
             cuda_only=True,
             environ=(("TORCH_CPPWRAP_CUDA_GRAPHS", "0"),),
+            cold_from="cppwrap",
         ),
         Mode(
             "reduce-overhead",
@@ -490,8 +495,28 @@ class Budget:
 # other wrappers must not import torch_cppwrap.
 INSTALLED_RUNTIME_ENV = "TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"
 
+# A lock file that warm workers running side by side (--warm-jobs) take
+# turns on to time their calls, so that no two time at once.
+TIMING_LOCK_ENV = "TORCH_CPPWRAP_BENCH_TIMING_LOCK"
+
 FULL = Budget(repeats=7, target_s=0.2)
 QUICK = Budget(repeats=3, target_s=0.05)
+
+
+@contextlib.contextmanager
+def timing_turn() -> Iterator[float | None]:
+    """Holds the timing lock (TIMING_LOCK_ENV) while the calls are timed, if
+    the bench runs warm workers side by side; yields the seconds waited for
+    it, None when there is none."""
+    path = os.environ.get(TIMING_LOCK_ENV)
+    if not path:
+        yield None
+        return
+    from filelock import FileLock
+
+    started = time.perf_counter()
+    with FileLock(path):
+        yield time.perf_counter() - started
 
 
 def run_worker(
@@ -591,44 +616,63 @@ def run_worker(
         result["perf_hints"] = perf_hints.messages
 
     if phase == "warm":
-        stop_compile_workers()
-        result["loadavg_before_timing"] = (
-            os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-        )
-        with grad_mode():
-            e2e = time_per_call(
-                step,
-                repeats=budget.repeats,
-                target_s=budget.target_s,
-                sync=sync,
-            )
-            result["e2e_us_median"], result["e2e_us"] = e2e.median_us, e2e.min_us
-            # Before the module's `call` is timed: that runs on get_args()'s
-            # inputs, parameters at other addresses than the compiled
-            # function's, for which ours warms up and captures a second
-            # graph (one per set of parameters), in the same pool.
-            result["mem_peak_mb"] = memory.peak_mb()
-            result["mem_source"] = memory.source
-            # CUDA graphs replay the whole graph; its module's `call` alone is
-            # not what runs, so there is nothing honest to time.  A training
-            # step's graphs take indices (token ids, labels, the philox seed
-            # and offset of attention's dropout) that get_args() fills with
-            # random values, on which its kernels read out of bounds.
-            calls = [
-                None
-                if mode.compile_mode == "reduce-overhead" or spec.train
-                else time_module_call(
-                    m, repeats=budget.repeats, target_s=budget.target_s, sync=sync
-                )
-                for m in modules
-            ]
-        timed = [c for c in calls if c is not None]
-        if timed and len(timed) == len(calls):
-            result["call_us_median"] = sum(c.median_us for c in timed)
-            result["call_us"] = sum(c.min_us for c in timed)
-        if mode.imports_torch_cppwrap and device == "cuda":
-            result["replay"] = [_replay_state(m) for m in modules]
+        with timing_turn() as waited:
+            if waited is not None:
+                result["waited_for_timing_s"] = waited
+            _time_calls(result, step, modules, mode, spec, budget, memory, grad_mode)
     return result
+
+
+def _time_calls(
+    result: dict[str, Any],
+    step: Callable[[], Any],
+    modules: list[Any],
+    mode: Mode,
+    spec: Workload,
+    budget: Budget,
+    memory: PeakMemory,
+    grad_mode: Callable[[], contextlib.AbstractContextManager[Any]],
+) -> None:
+    """Times `step` and each compiled module's `call` into `result`."""
+    device = result["device"]
+    sync = device_sync(device)
+    stop_compile_workers()
+    result["loadavg_before_timing"] = (
+        os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    )
+    with grad_mode():
+        e2e = time_per_call(
+            step,
+            repeats=budget.repeats,
+            target_s=budget.target_s,
+            sync=sync,
+        )
+        result["e2e_us_median"], result["e2e_us"] = e2e.median_us, e2e.min_us
+        # Before the module's `call` is timed: that runs on get_args()'s
+        # inputs, parameters at other addresses than the compiled
+        # function's, for which ours warms up and captures a second
+        # graph (one per set of parameters), in the same pool.
+        result["mem_peak_mb"] = memory.peak_mb()
+        result["mem_source"] = memory.source
+        # CUDA graphs replay the whole graph; its module's `call` alone is
+        # not what runs, so there is nothing honest to time.  A training
+        # step's graphs take indices (token ids, labels, the philox seed
+        # and offset of attention's dropout) that get_args() fills with
+        # random values, on which its kernels read out of bounds.
+        calls = [
+            None
+            if mode.compile_mode == "reduce-overhead" or spec.train
+            else time_module_call(
+                m, repeats=budget.repeats, target_s=budget.target_s, sync=sync
+            )
+            for m in modules
+        ]
+    timed = [c for c in calls if c is not None]
+    if timed and len(timed) == len(calls):
+        result["call_us_median"] = sum(c.median_us for c in timed)
+        result["call_us"] = sum(c.min_us for c in timed)
+    if mode.imports_torch_cppwrap and device == "cuda":
+        result["replay"] = [_replay_state(m) for m in modules]
 
 
 class _PerfHints(logging.Handler):
@@ -851,16 +895,24 @@ def run_bench(
     on_record: Callable[[dict[str, Any]], object] | None = None,
     rounds: int = 1,
     jobs: int = 1,
+    warm_jobs: int = 1,
 ) -> dict[str, Any]:
     """Runs every workload in every mode: a cold compile per mode, then
     `rounds` rounds of warm compile + timing per mode.  `on_record` gets the
     report so far after each round, so an interrupted run keeps its rows.
+    A mode whose code another mode compiles (Mode.cold_from) times on that
+    mode's cache, with no cold compile of its own.
 
     With `jobs` > 1, the cold compiles of that many workloads run side by
     side first; the warm processes (which time) then run one at a time, with
-    nothing else running beside them."""
+    nothing else running beside them.  With `warm_jobs` > 1, the warm
+    processes of that many workloads run side by side, and take turns to
+    time (a lock file, TIMING_LOCK_ENV): no two time at once, but one may
+    time while another starts up and loads its compiled code."""
     by_workload: dict[str, list[dict[str, Any]]] = {}
-    steps = len(workloads) * len(modes) * (1 + rounds)
+    steps = len(workloads) * sum(
+        rounds + (MODES[m].cold_from not in modes) for m in modes
+    )
     step = 0
     lock = threading.Lock()  # the counters, the records and on_record
 
@@ -896,6 +948,7 @@ def run_bench(
         return [r for w in workloads for r in by_workload.get(w, [])]
 
     cache_dirs: dict[str, dict[str, str]] = {}
+    cleanups: list[str] = []
 
     def record(
         workload: str,
@@ -922,14 +975,24 @@ def run_bench(
             if on_record is not None:
                 on_record(_report(device, quick, workloads, modes, records_so_far()))
 
+    def shares_cold(mode: str) -> str | None:
+        source = MODES[mode].cold_from
+        return source if source in modes else None
+
     def cold_workload(workload: str) -> dict[str, dict[str, Any]]:
-        cache_dirs[workload] = {
+        dirs = cache_dirs[workload] = {
             mode: tempfile.mkdtemp(prefix=f"cppwrap-bench-{workload}-{mode}-")
             for mode in modes
+            if shares_cold(mode) is None
         }
         cold: dict[str, dict[str, Any]] = {}
         for mode in modes:
-            cold[mode] = run(workload, mode, "cold", cache_dirs[workload][mode])
+            source = shares_cold(mode)
+            if source is not None:
+                dirs[mode] = dirs[source]
+                cold[mode] = {"ok": True, "cold_from": source}
+                continue
+            cold[mode] = run(workload, mode, "cold", dirs[mode])
             record(workload, cold, {m: [] for m in modes})
         return cold
 
@@ -951,20 +1014,26 @@ def run_bench(
     )
     with installation as extra_env:
         try:
-            if jobs > 1:
+            if jobs > 1 or warm_jobs > 1:
                 with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
                     colds = dict(
                         zip(workloads, pool.map(cold_workload, workloads), strict=True)
                     )
-                for workload in workloads:
-                    warm_workload(workload, colds[workload])
+                if warm_jobs > 1:
+                    lock_dir = tempfile.mkdtemp(prefix="cppwrap-bench-timing-")
+                    cleanups.append(lock_dir)
+                    extra_env[TIMING_LOCK_ENV] = os.path.join(lock_dir, "timing.lock")
+                with concurrent.futures.ThreadPoolExecutor(warm_jobs) as pool:
+                    list(pool.map(lambda w: warm_workload(w, colds[w]), workloads))
             else:
                 for workload in workloads:
                     warm_workload(workload, cold_workload(workload))
         finally:
             for dirs in cache_dirs.values():
-                for cache_dir in dirs.values():
+                for cache_dir in set(dirs.values()):
                     shutil.rmtree(cache_dir, ignore_errors=True)
+            for path in cleanups:
+                shutil.rmtree(path, ignore_errors=True)
     return _report(device, quick, workloads, modes, records_so_far())
 
 
@@ -1054,6 +1123,10 @@ def _meta(
         "workloads": {w: WORKLOADS[w].description for w in workloads},
         "modes": {m: MODES[m].label for m in modes},
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        # Warm processes ran side by side (--warm-jobs), timing in turns.
+        "timed_in_turns": any(
+            r["warm"].get("waited_for_timing_s") is not None for r in records
+        ),
         "max_loadavg_before_timing": max(
             (r["warm"].get("loadavg_before_timing") or 0.0 for r in records),
             default=None,
@@ -1110,7 +1183,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"torch {meta['torch']}, Python {meta['python']}, device {meta['device']} "
         f"({meta['device_name']}, {meta['cpu_count']} CPUs, {meta['torch_threads']} torch threads), "
-        f"{meta['date']}{', --quick' if meta['quick'] else ''}.",
+        f"{meta['date']}{', --quick' if meta['quick'] else ''}"
+        f"{'; warm processes side by side, timing in turns' if meta.get('timed_in_turns') else ''}.",
         "",
         "| workload | mode | matches eager | cold compile s | warm compile s | e2e µs/call | `call` µs/call | peak MB |",
         "|---|---|---|--:|--:|--:|--:|--:|",
@@ -1321,6 +1395,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "timing (which runs one at a time, alone); default 1",
     )
     parser.add_argument(
+        "--warm-jobs",
+        type=int,
+        default=1,
+        help="workloads whose warm processes run side by side, taking turns "
+        "to time their calls (no two time at once; one may time while another "
+        "starts up); default 1: each runs alone",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -1367,6 +1449,7 @@ def run_from_args(ns: argparse.Namespace) -> int:
         threads=ns.threads,
         rounds=ns.rounds,
         jobs=ns.jobs,
+        warm_jobs=ns.warm_jobs,
         # Rows so far, rewritten after each one: a run stopped by a time limit
         # still leaves its table behind.
         on_record=lambda partial: write_report(partial, ns.out, final=False),

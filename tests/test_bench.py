@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -288,6 +290,127 @@ class TestReport(TestCase):
         self.assertEqual(
             [r["workload"] for r in report["results"]],
             ["seed", "seed", "mlp", "mlp", "convnet", "convnet"],
+        )
+
+    def test_warm_jobs_run_side_by_side_and_take_turns_to_time(self) -> None:
+        import threading
+        import time
+        from unittest import mock
+
+        lock = threading.Lock()
+        running = {"cold": 0, "warm": 0}
+        most = {"cold": 0, "warm": 0}
+        lock_files: dict[str, set[str | None]] = {"cold": set(), "warm": set()}
+
+        def worker(workload, mode, phase, extra_env=None, **kwargs):
+            with lock:
+                running[phase] += 1
+                most[phase] = max(most[phase], running[phase])
+                lock_files[phase].add((extra_env or {}).get(_bench.TIMING_LOCK_ENV))
+            time.sleep(0.2)
+            with lock:
+                running[phase] -= 1
+            return {"compile_s": 1.0, "ok": True, "e2e_us": 3.0}
+
+        with (
+            mock.patch.object(_bench, "spawn_worker", worker),
+            mock.patch.object(_bench, "progress"),
+        ):
+            _bench.run_bench(
+                ["seed", "mlp", "convnet"],
+                ["python"],
+                device="cpu",
+                quick=True,
+                timeout_s=1.0,
+                warm_jobs=3,
+            )
+        self.assertEqual(most, {"cold": 1, "warm": 3})
+        # Every warm process was told of one lock file; no cold one was.
+        self.assertEqual(lock_files["cold"], {None})
+        (path,) = lock_files["warm"]
+        self.assertIsNotNone(path)
+        self.assertFalse(os.path.exists(os.path.dirname(path)))  # cleaned up
+
+    def test_timing_turns_exclude_each_other(self) -> None:
+        import threading
+        from unittest import mock
+
+        from filelock import FileLock
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "timing.lock")
+            entered = threading.Event()
+
+            def time_calls() -> None:
+                with _bench.timing_turn() as waited:
+                    self.assertIsNotNone(waited)
+                    entered.set()
+
+            with mock.patch.dict(os.environ, {_bench.TIMING_LOCK_ENV: path}):
+                other = FileLock(path)
+                with other:  # another worker is timing
+                    thread = threading.Thread(target=time_calls)
+                    thread.start()
+                    self.assertFalse(entered.wait(0.5))
+                self.assertTrue(entered.wait(10))
+                thread.join()
+        with (
+            mock.patch.dict(os.environ, {_bench.TIMING_LOCK_ENV: ""}),
+            _bench.timing_turn() as waited,
+        ):
+            self.assertIsNone(waited)
+
+    def test_kernel_by_kernel_times_on_the_cache_of_our_cold_compile(self) -> None:
+        from unittest import mock
+
+        calls: list[tuple[str, str, str]] = []
+
+        def worker(workload, mode, phase, cache_dir, **kwargs):
+            calls.append((mode, phase, cache_dir))
+            return {"compile_s": 1.0, "ok": True, "e2e_us": 3.0}
+
+        # No GPU needed: the workers are stand-ins.
+        no_gpu = (
+            mock.patch.object(
+                _bench, "runtime_installation", lambda *a: contextlib.nullcontext({})
+            ),
+            mock.patch("torch.cuda.get_device_name", lambda *a: "a stand-in GPU"),
+        )
+        with (
+            mock.patch.object(_bench, "spawn_worker", worker),
+            mock.patch.object(_bench, "progress"),
+            no_gpu[0],
+            no_gpu[1],
+        ):
+            report = _bench.run_bench(
+                ["mlp"],
+                ["cppwrap", "cppwrap-no-replay"],
+                device="cuda",
+                quick=True,
+                timeout_s=1.0,
+            )
+        phases = [(mode, phase) for mode, phase, _ in calls]
+        self.assertEqual(
+            phases,
+            [("cppwrap", "cold"), ("cppwrap", "warm"), ("cppwrap-no-replay", "warm")],
+        )
+        self.assertEqual(len({d for _, _, d in calls}), 1)
+        row = {r["mode"]: r for r in report["results"]}["cppwrap-no-replay"]
+        self.assertEqual((row["ok"], row["cold_compile_s"]), (True, None))
+        # Alone, it compiles cold for itself.
+        calls.clear()
+        with (
+            mock.patch.object(_bench, "spawn_worker", worker),
+            mock.patch.object(_bench, "progress"),
+            no_gpu[0],
+            no_gpu[1],
+        ):
+            _bench.run_bench(
+                ["mlp"], ["cppwrap-no-replay"], device="cuda", quick=True, timeout_s=1.0
+            )
+        self.assertEqual(
+            [(m, p) for m, p, _ in calls],
+            [("cppwrap-no-replay", "cold"), ("cppwrap-no-replay", "warm")],
         )
 
 

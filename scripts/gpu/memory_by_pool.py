@@ -1,12 +1,15 @@
-"""Where a replayed GPT-2's memory lies, call by call: the MB reserved and
+"""Where a replayed model's memory lies, call by call: the MB reserved and
 allocated in each memory pool ((0, 0) is the caching allocator's default
-pool; the others are CUDA graphs' pools).  The first call's result is held,
-as bench.py held it up to 4178fe5.
+pool; the others are CUDA graphs' pools).  Each call's result is dropped
+before the next, as bench.py does; --hold-first holds the first call's, as
+bench.py did up to 4178fe5.
 
 Usage, from the repository root on a GPU machine:
 
-    python scripts/gpu/memory_by_pool.py cppwrap
-    python scripts/gpu/memory_by_pool.py reduce-overhead
+    python scripts/gpu/memory_by_pool.py cppwrap [MODEL] [--hold-first]
+    python scripts/gpu/memory_by_pool.py reduce-overhead [MODEL] [--hold-first]
+
+MODEL is a model of benchmarks/models.py (default: gpt2).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def by_pool() -> dict[tuple[int, int], tuple[float, float]]:
     }
 
 
-def main(mode: str, calls: int = 6) -> None:
+def main(mode: str, model: str, hold_first: bool, calls: int = 6) -> None:
     if mode == "cppwrap":
         import torch_cppwrap  # noqa: F401
 
@@ -41,7 +44,7 @@ def main(mode: str, calls: int = 6) -> None:
     import models  # type: ignore[import-not-found]
 
     torch.manual_seed(0)
-    fn, args = models.gpt2("cuda")
+    fn, args = getattr(models, model)("cuda")
     compiled = torch.compile(fn, mode=None if mode == "cppwrap" else mode)
     held: Any = None
     with torch.no_grad():
@@ -53,12 +56,13 @@ def main(mode: str, calls: int = 6) -> None:
             if mode == "reduce-overhead":
                 torch.compiler.cudagraph_mark_step_begin()
             out = compiled(*args)
-            if i == 0:
+            if i == 0 and hold_first:
                 held = out
             torch.cuda.synchronize()
             rise = torch.cuda.max_memory_reserved() / 2**20 - base
             print(
                 mode,
+                model,
                 "call",
                 i + 1,
                 "peak rise MB",
@@ -71,4 +75,5 @@ def main(mode: str, calls: int = 6) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    positional = [a for a in sys.argv[1:] if not a.startswith("--")]
+    main(positional[0], (positional[1:] or ["gpt2"])[0], "--hold-first" in sys.argv)

@@ -495,8 +495,10 @@ class Budget:
 # other wrappers must not import torch_cppwrap.
 INSTALLED_RUNTIME_ENV = "TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"
 
-# A lock file that warm workers running side by side (--warm-jobs) take
-# turns on to time their calls, so that no two time at once.
+# A lock file for warm workers running side by side (--warm-jobs): each
+# holds it shared while it builds, runs and compiles its model, and alone
+# while it times its calls, so that none times while another times, runs
+# kernels or compiles (Inductor's compile workers would take the cores).
 TIMING_LOCK_ENV = "TORCH_CPPWRAP_BENCH_TIMING_LOCK"
 
 FULL = Budget(repeats=7, target_s=0.2)
@@ -504,19 +506,23 @@ QUICK = Budget(repeats=3, target_s=0.05)
 
 
 @contextlib.contextmanager
-def timing_turn() -> Iterator[float | None]:
-    """Holds the timing lock (TIMING_LOCK_ENV) while the calls are timed, if
-    the bench runs warm workers side by side; yields the seconds waited for
-    it, None when there is none."""
+def timing_turn(*, alone: bool = True) -> Iterator[float | None]:
+    """Holds the timing lock (TIMING_LOCK_ENV), if the bench runs warm workers
+    side by side: `alone` to time, else shared with other workers' compiles.
+    Yields the seconds waited for it, None when there is no lock."""
     path = os.environ.get(TIMING_LOCK_ENV)
     if not path:
         yield None
         return
-    from filelock import FileLock
+    import fcntl  # --warm-jobs is for Linux machines (the device)
 
     started = time.perf_counter()
-    with FileLock(path):
-        yield time.perf_counter() - started
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield time.perf_counter() - started
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def run_worker(
@@ -554,6 +560,12 @@ def run_worker(
     config.fx_graph_cache = True
     sync = device_sync(device)
 
+    # Shared with other warm workers' compiles, never held while one times.
+    compiling = contextlib.ExitStack()
+    if phase == "warm":
+        waited = compiling.enter_context(timing_turn(alone=False))
+        if waited is not None:
+            result["waited_to_compile_s"] = waited
     torch.manual_seed(0)
     fn, args = spec.build(device)
     # Inference runs under no_grad; a training step calls backward() on the
@@ -616,6 +628,8 @@ def run_worker(
         result["perf_hints"] = perf_hints.messages
 
     if phase == "warm":
+        stop_compile_workers()
+        compiling.close()
         with timing_turn() as waited:
             if waited is not None:
                 result["waited_for_timing_s"] = waited
@@ -636,7 +650,6 @@ def _time_calls(
     """Times `step` and each compiled module's `call` into `result`."""
     device = result["device"]
     sync = device_sync(device)
-    stop_compile_workers()
     result["loadavg_before_timing"] = (
         os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     )

@@ -331,29 +331,40 @@ class TestReport(TestCase):
         self.assertIsNotNone(path)
         self.assertFalse(os.path.exists(os.path.dirname(path)))  # cleaned up
 
-    def test_timing_turns_exclude_each_other(self) -> None:
+    def test_timing_turns_exclude_compiles_and_other_timings(self) -> None:
         import threading
         from unittest import mock
 
-        from filelock import FileLock
+        def entered_while(held: dict[str, bool], alone: bool) -> bool:
+            """Whether a worker gets its turn (`alone`: to time) while
+            turns `held` (name: alone) are held; each its own open file."""
+            stack = contextlib.ExitStack()
+            with stack:
+                for holder_alone in held.values():
+                    stack.enter_context(_bench.timing_turn(alone=holder_alone))
+                entered = threading.Event()
 
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "timing.lock")
-            entered = threading.Event()
+                def worker() -> None:
+                    with _bench.timing_turn(alone=alone):
+                        entered.set()
 
-            def time_calls() -> None:
-                with _bench.timing_turn() as waited:
-                    self.assertIsNotNone(waited)
-                    entered.set()
+                thread = threading.Thread(target=worker)
+                thread.start()
+                got_it = entered.wait(0.5)
+            thread.join(10)  # the held turns are released: it gets its turn
+            self.assertTrue(entered.is_set())
+            return got_it
 
-            with mock.patch.dict(os.environ, {_bench.TIMING_LOCK_ENV: path}):
-                other = FileLock(path)
-                with other:  # another worker is timing
-                    thread = threading.Thread(target=time_calls)
-                    thread.start()
-                    self.assertFalse(entered.wait(0.5))
-                self.assertTrue(entered.wait(10))
-                thread.join()
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            mock.patch.dict(
+                os.environ, {_bench.TIMING_LOCK_ENV: os.path.join(tmp, "lock")}
+            ),
+        ):
+            self.assertTrue(entered_while({"compiling": False}, alone=False))
+            self.assertFalse(entered_while({"compiling": False}, alone=True))
+            self.assertFalse(entered_while({"timing": True}, alone=True))
+            self.assertFalse(entered_while({"timing": True}, alone=False))
         with (
             mock.patch.dict(os.environ, {_bench.TIMING_LOCK_ENV: ""}),
             _bench.timing_turn() as waited,

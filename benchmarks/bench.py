@@ -22,6 +22,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import faulthandler
+import functools
 import gc
 import json
 import logging
@@ -495,34 +496,44 @@ class Budget:
 # other wrappers must not import torch_cppwrap.
 INSTALLED_RUNTIME_ENV = "TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"
 
-# A lock file for warm workers running side by side (--warm-jobs): each
-# holds it shared while it builds, runs and compiles its model, and alone
-# while it times its calls, so that none times while another times, runs
-# kernels or compiles (Inductor's compile workers would take the cores).
+# A lock file for warm workers running side by side (--warm-jobs); see
+# TimingTurns.
 TIMING_LOCK_ENV = "TORCH_CPPWRAP_BENCH_TIMING_LOCK"
 
 FULL = Budget(repeats=7, target_s=0.2)
 QUICK = Budget(repeats=3, target_s=0.05)
 
 
-@contextlib.contextmanager
-def timing_turn(*, alone: bool = True) -> Iterator[float | None]:
-    """Holds the timing lock (TIMING_LOCK_ENV), if the bench runs warm workers
-    side by side: `alone` to time, else shared with other workers' compiles.
-    Yields the seconds waited for it, None when there is no lock."""
-    path = os.environ.get(TIMING_LOCK_ENV)
-    if not path:
-        yield None
-        return
-    import fcntl  # --warm-jobs is for Linux machines (the device)
+class TimingTurns:
+    """Turns on the timing lock file (TIMING_LOCK_ENV) of warm workers run
+    side by side.  A worker holds it shared from its start (imports) to the
+    end of its compile, then alone from its timing to its exit: none times
+    while another imports, compiles, runs kernels or tears its CUDA context
+    down.  Never released: the lock goes with the process's open file, after
+    its CUDA context has gone."""
 
-    started = time.perf_counter()
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        try:
-            yield time.perf_counter() - started
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "a")  # noqa: SIM115 - held until the process ends
+
+    def take(self, *, alone: bool) -> float:
+        """Takes the lock, shared or alone (a shared one becomes exclusive);
+        returns the seconds waited."""
+        import fcntl  # --warm-jobs is for Linux machines (the device)
+
+        started = time.perf_counter()
+        fcntl.flock(self._file, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@functools.cache
+def worker_turns() -> TimingTurns | None:
+    """This worker's turns, kept for the process's life; None when the bench
+    runs warm workers one at a time."""
+    path = os.environ.get(TIMING_LOCK_ENV)
+    return TimingTurns(path) if path else None
 
 
 def run_worker(
@@ -538,6 +549,10 @@ def run_worker(
         "phase": phase,
         "device": device,
     }
+    # Shared with other warm workers' imports and compiles, before any import.
+    turns = worker_turns() if phase == "warm" else None
+    if turns is not None:
+        result["waited_to_compile_s"] = turns.take(alone=False)
 
     if mode.imports_torch_cppwrap:
         import torch_cppwrap
@@ -560,12 +575,6 @@ def run_worker(
     config.fx_graph_cache = True
     sync = device_sync(device)
 
-    # Shared with other warm workers' compiles, never held while one times.
-    compiling = contextlib.ExitStack()
-    if phase == "warm":
-        waited = compiling.enter_context(timing_turn(alone=False))
-        if waited is not None:
-            result["waited_to_compile_s"] = waited
     torch.manual_seed(0)
     fn, args = spec.build(device)
     # Inference runs under no_grad; a training step calls backward() on the
@@ -629,11 +638,9 @@ def run_worker(
 
     if phase == "warm":
         stop_compile_workers()
-        compiling.close()
-        with timing_turn() as waited:
-            if waited is not None:
-                result["waited_for_timing_s"] = waited
-            _time_calls(result, step, modules, mode, spec, budget, memory, grad_mode)
+        if turns is not None:
+            result["waited_for_timing_s"] = turns.take(alone=True)
+        _time_calls(result, step, modules, mode, spec, budget, memory, grad_mode)
     return result
 
 
@@ -1412,8 +1419,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="workloads whose warm processes run side by side, taking turns "
-        "to time their calls (no two time at once; one may time while another "
-        "starts up); default 1: each runs alone",
+        "(a lock file) so that none times while another imports, compiles or "
+        "times; faster, but less steady than the default 1 (each alone): "
+        "for a quick table, not a final one",
     )
     parser.add_argument(
         "--threads",

@@ -335,41 +335,49 @@ class TestReport(TestCase):
         import threading
         from unittest import mock
 
-        def entered_while(held: dict[str, bool], alone: bool) -> bool:
-            """Whether a worker gets its turn (`alone`: to time) while
-            turns `held` (name: alone) are held; each its own open file."""
-            stack = contextlib.ExitStack()
-            with stack:
-                for holder_alone in held.values():
-                    stack.enter_context(_bench.timing_turn(alone=holder_alone))
-                entered = threading.Event()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "lock")
 
-                def worker() -> None:
-                    with _bench.timing_turn(alone=alone):
-                        entered.set()
-
-                thread = threading.Thread(target=worker)
+            def gets_turn_while(held: list[bool], alone: bool) -> bool:
+                """Whether a worker gets its turn (`alone`: to time) while
+                other workers hold theirs (`held`: alone or not)."""
+                holders = [_bench.TimingTurns(path) for _ in held]
+                for holder, holder_alone in zip(holders, held, strict=True):
+                    holder.take(alone=holder_alone)
+                turns = _bench.TimingTurns(path)
+                thread = threading.Thread(target=turns.take, kwargs={"alone": alone})
                 thread.start()
-                got_it = entered.wait(0.5)
-            thread.join(10)  # the held turns are released: it gets its turn
-            self.assertTrue(entered.is_set())
-            return got_it
+                thread.join(0.5)
+                got_it = not thread.is_alive()
+                for holder in holders:  # those workers end
+                    holder.close()
+                thread.join(10)
+                self.assertFalse(thread.is_alive())
+                turns.close()
+                return got_it
 
-        with (
-            tempfile.TemporaryDirectory() as tmp,
-            mock.patch.dict(
-                os.environ, {_bench.TIMING_LOCK_ENV: os.path.join(tmp, "lock")}
-            ),
-        ):
-            self.assertTrue(entered_while({"compiling": False}, alone=False))
-            self.assertFalse(entered_while({"compiling": False}, alone=True))
-            self.assertFalse(entered_while({"timing": True}, alone=True))
-            self.assertFalse(entered_while({"timing": True}, alone=False))
-        with (
-            mock.patch.dict(os.environ, {_bench.TIMING_LOCK_ENV: ""}),
-            _bench.timing_turn() as waited,
-        ):
-            self.assertIsNone(waited)
+            self.assertTrue(gets_turn_while([False, False], alone=False))
+            self.assertFalse(gets_turn_while([False], alone=True))
+            self.assertFalse(gets_turn_while([True], alone=True))
+            self.assertFalse(gets_turn_while([True], alone=False))
+            # A worker's own shared turn becomes its timing turn, which keeps
+            # the others out until the worker ends.
+            turns = _bench.TimingTurns(path)
+            turns.take(alone=False)
+            turns.take(alone=True)
+            other = _bench.TimingTurns(path)
+            thread = threading.Thread(target=other.take, kwargs={"alone": False})
+            thread.start()
+            thread.join(0.5)
+            self.assertTrue(thread.is_alive())
+            turns.close()
+            thread.join(10)
+            self.assertFalse(thread.is_alive())
+            other.close()
+        _bench.worker_turns.cache_clear()
+        with mock.patch.dict(os.environ, {_bench.TIMING_LOCK_ENV: ""}):
+            self.assertIsNone(_bench.worker_turns())
+        _bench.worker_turns.cache_clear()
 
     def test_kernel_by_kernel_times_on_the_cache_of_our_cold_compile(self) -> None:
         from unittest import mock

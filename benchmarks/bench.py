@@ -1162,24 +1162,66 @@ RATIO_METRICS = (
 )
 
 
+# What the GPU targets compare (metric, mode, against mode, label): ours
+# replayed against CUDA graphs, ours kernel by kernel against the Python
+# wrapper.  Keys of a ratios() row: "{metric}:{mode}/{against}".
+CUDA_RATIOS = (
+    ("e2e_us", "cppwrap", "reduce-overhead", "e2e ours/reduce-overhead"),
+    ("mem_peak_mb", "cppwrap", "reduce-overhead", "peak ours/reduce-overhead"),
+    ("e2e_us", "cppwrap-no-replay", "python", "e2e kernel by kernel/python"),
+    ("call_us", "cppwrap-no-replay", "python", "call kernel by kernel/python"),
+)
+
+
 def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """torch_cppwrap's metric divided by the Python wrapper's and upstream's,
-    per workload (below 1: torch_cppwrap is faster)."""
+    per workload (below 1: torch_cppwrap is faster), and the comparisons of
+    CUDA_RATIOS where both modes ran."""
     by_key = {(r["workload"], r["mode"]): r for r in records}
+
+    def ratio(metric: str, mode: str, base: str) -> float | None:
+        a = (by_key.get((workload, mode)) or {}).get(metric)
+        b = (by_key.get((workload, base)) or {}).get(metric)
+        return a / b if a is not None and b else None
+
     rows = []
     for workload in dict.fromkeys(r["workload"] for r in records):
-        ours = by_key.get((workload, "cppwrap"))
-        if ours is None:
+        if (workload, "cppwrap") not in by_key:
             continue
         row: dict[str, Any] = {"workload": workload}
         for base in ("python", "upstream"):
-            other = by_key.get((workload, base))
             for metric, _ in RATIO_METRICS:
-                a = ours.get(metric)
-                b = other.get(metric) if other else None
-                row[f"{metric}/{base}"] = a / b if a is not None and b else None
+                row[f"{metric}/{base}"] = ratio(metric, "cppwrap", base)
+        for metric, mode, base, _ in CUDA_RATIOS:
+            row[f"{metric}:{mode}/{base}"] = ratio(metric, mode, base)
         rows.append(row)
     return rows
+
+
+def replay_summary(record: dict[str, Any]) -> str | None:
+    """Which of a CUDA row's graphs of ours were replayed, and why the others
+    were not, in a line; None for a row without them."""
+    modules = (record.get("warm") or {}).get("replay")
+    if not modules:
+        return None
+    parts = []
+    for module in modules:
+        if "wrapper" in module:  # a graph another wrapper compiled
+            parts.append(f"{module['wrapper']} wrapper")
+            continue
+        graphs = module.get("stats") or []
+        if module.get("state") == "ready" or any(
+            g.get("state") == "ready" for g in graphs
+        ):
+            replays = ", ".join(str(g.get("replays", 0)) for g in graphs)
+            missed = sum(g.get("missed", 0) for g in graphs)
+            parts.append(
+                f"replayed: {len(graphs)} graph(s), {replays} replays, {missed} missed"
+            )
+        else:
+            why = module.get("blocker") or module.get("state") or "kernel by kernel"
+            parts.append(f"kernel by kernel: {why}")
+    return "; ".join(parts)
 
 
 # --------------------------------------------------------------------------
@@ -1241,6 +1283,7 @@ def markdown(report: dict[str, Any]) -> str:
                 for metric, _ in RATIO_METRICS
             )
             lines.append(f"| {row['workload']} | {cells} |")
+    lines += _cuda_tables(report)
     lines += [
         "",
         "- modes: " + "; ".join(f"`{k}` = {v}" for k, v in meta["modes"].items()) + ".",
@@ -1293,6 +1336,41 @@ def markdown(report: dict[str, Any]) -> str:
                     f"- {r['workload']} / {r['mode']}: the warm compile did not hit the FX graph cache"
                 )
     return "\n".join(lines) + "\n"
+
+
+def _cuda_tables(report: dict[str, Any]) -> list[str]:
+    """The GPU targets' comparisons (CUDA_RATIOS) that ran, and for each CUDA
+    row of ours, which graphs were replayed and why the others were not."""
+    lines: list[str] = []
+    shown = [
+        c
+        for c in CUDA_RATIOS
+        if any(row.get(f"{c[0]}:{c[1]}/{c[2]}") is not None for row in report["ratios"])
+    ]
+    if shown:
+        lines += [
+            "",
+            "Against CUDA graphs, and kernel by kernel against the Python wrapper "
+            "(below 1: torch_cppwrap is faster or smaller):",
+            "",
+            "| workload | " + " | ".join(label for *_, label in shown) + " |",
+            "|---|" + "--:|" * len(shown),
+        ]
+        for row in report["ratios"]:
+            cells = " | ".join(
+                _fmt(row.get(f"{metric}:{mode}/{base}"), 2)
+                for metric, mode, base, _ in shown
+            )
+            lines.append(f"| {row['workload']} | {cells} |")
+    replays = [
+        (r, summary)
+        for r in report["results"]
+        if r["mode"] == "cppwrap" and (summary := replay_summary(r)) is not None
+    ]
+    if replays:
+        lines += ["", "Replay (torch_cppwrap, one entry per compiled graph):", ""]
+        lines += [f"- {r['workload']}: {summary}" for r, summary in replays]
+    return lines
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:

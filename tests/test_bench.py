@@ -158,6 +158,51 @@ class TestReport(TestCase):
         )
         self.assertNotIn("## Problems", text)
 
+    def test_cuda_comparisons_and_replays(self) -> None:
+        records = [
+            self._record("python", 4.0),
+            self._record("cppwrap", 1.0),
+            self._record("cppwrap-no-replay", 2.0),
+            self._record("reduce-overhead", 1.25),
+        ]
+        records[1]["mem_peak_mb"] = 50.0
+        records[1]["warm"] = {
+            "replay": [
+                {
+                    "state": "ready",
+                    "blocker": None,
+                    "stats": [
+                        {"state": "ready", "replays": 12, "missed": 0},
+                        {"state": "ready", "replays": 40, "missed": 1},
+                    ],
+                },
+                {"state": "kernel by kernel", "blocker": "only 1 launch(es)"},
+            ]
+        }
+        (row,) = _bench.ratios(records)
+        self.assertAlmostEqual(row["e2e_us:cppwrap/reduce-overhead"], 0.8)
+        self.assertAlmostEqual(row["mem_peak_mb:cppwrap/reduce-overhead"], 1.25)
+        self.assertAlmostEqual(row["e2e_us:cppwrap-no-replay/python"], 0.5)
+        report = {
+            "meta": _bench._meta(
+                "cpu", True, ["seed"], [r["mode"] for r in records], records
+            ),
+            "results": records,
+            "ratios": [row],
+        }
+        text = _bench.markdown(report)
+        self.assertIn("| seed | 0.80 | 1.25 | 0.50 | 0.50 |", text)
+        self.assertIn(
+            "- seed: replayed: 2 graph(s), 12, 40 replays, 1 missed; "
+            "kernel by kernel: only 1 launch(es)",
+            text,
+        )
+        # Without those modes, neither table.
+        text = _bench.markdown(
+            {**report, "results": records[:2], "ratios": _bench.ratios(records[:1])}
+        )
+        self.assertNotIn("Against CUDA graphs", text)
+
     def _run_fake(self, worker, out, rounds):
         from unittest import mock
 

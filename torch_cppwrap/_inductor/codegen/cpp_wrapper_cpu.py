@@ -672,7 +672,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
         args: list[str],
         device: str,
         stack_traces: Any = None,
+        profiling_args: Sequence[str | None] | None = None,
     ) -> None:
+        # profiling_args (torch 2.15) names the arguments of a profiled
+        # extern call; this wrapper records no kernel profile.
         if not shim_function_exists(kernel):
             raise NotImplementedError(f"torch_cppwrap: no C shim function {kernel}")
         # Inductor leaves a symbolic scalar (baddbmm's alpha with dynamic

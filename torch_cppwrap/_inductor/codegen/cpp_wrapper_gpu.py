@@ -741,8 +741,10 @@ class CppWrapperGpu(CppWrapperCpu):
         pass  # the guard lives until call_impl returns
 
     def _generate_symbolic_call_arg_helper(
-        self, arg: SymbolicCallArg, graph: Any
+        self, arg: SymbolicCallArg, graph: Any, in_profile_scope: bool = False
     ) -> None:
+        # in_profile_scope (torch 2.15): the line lies inside a kernel
+        # profiling block; this wrapper opens none.
         name = str(arg.inner)
         value = self.codegen_cpp_sizevar(arg.inner_expr)
         if name in self.symbolic_call_args:
@@ -936,10 +938,11 @@ class CppWrapperGpu(CppWrapperCpu):
         args: list[str],
         device: str,
         stack_traces: Any = None,
+        profiling_args: Sequence[str | None] | None = None,
     ) -> None:
         if not kernel.startswith("aoti_torch_cuda_"):
             super()._generate_extern_kernel_out_helper(
-                kernel, out, out_view, args, device, stack_traces
+                kernel, out, out_view, args, device, stack_traces, profiling_args
             )
             return
         if not shim_function_exists(kernel, "cuda"):

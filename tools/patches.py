@@ -629,7 +629,18 @@ def _register_in_common(tree: Tree) -> None:
     module = ast.parse(text, COMMON)
     lines = text.split("\n")
 
-    init = _function(module, "init_backend_registration", COMMON)
+    # torch 2.15 moved the built-in devices' registrations out of
+    # init_backend_registration into a helper it calls.
+    registrar = next(
+        (
+            node.name
+            for node in module.body
+            if isinstance(node, ast.FunctionDef)
+            and node.name == "_init_builtin_backend_registration"
+        ),
+        "init_backend_registration",
+    )
+    init = _function(module, registrar, COMMON)
     for wrapper in JIT_WRAPPERS:
         _register_in_init(init, lines, wrapper)
 
@@ -695,7 +706,7 @@ def _register_in_init(
         if node.module == wrapper.upstream
         and [a.name for a in node.names] == [wrapper.cls]
     ]
-    _only(upstream, f"import of {wrapper.cls} in {COMMON}:init_backend_registration")
+    _only(upstream, f"import of {wrapper.cls} in {COMMON}:{init.name}")
     uses: dict[str, list[ast.Name]] = {}
     for call in ast.walk(init):
         if not (
@@ -712,7 +723,7 @@ def _register_in_init(
         uses.setdefault(str(call.args[0].value), []).extend(names)
     if not all(uses.get(d) for d in wrapper.devices):
         raise PatchError(
-            f"{COMMON}: init_backend_registration does not register {wrapper.cls} "
+            f"{COMMON}: {init.name} does not register {wrapper.cls} "
             f"for {', '.join(wrapper.devices)}"
         )
     names = sorted(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+import unittest
 import weakref
 from typing import Any
 from unittest import mock
@@ -13,6 +14,8 @@ from torch._inductor import config
 from torch._inductor.test_case import run_tests
 
 from tests.common import CppWrapperTestCase
+from torch_cppwrap import _compat
+from torch_cppwrap._inductor.codecache import CppWrapperCodeCache
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import HOST_READ, CppWrapperCpu
 
 
@@ -30,6 +33,30 @@ class TestSeedExample(CppWrapperTestCase):
         body = source[source.index("static PyObject* call_impl") :]
         self.assertLess(body.index("arg0_1.reset();"), body.index("out0 = "))
         self.assertIn("cppwrap::GilRelease nogil;", body)
+
+
+# A module whose call checks its input's alignment, as a graph checks what an
+# op returned.
+_ALIGNMENT_CHECK_SOURCE = """
+#include "cppwrap_runtime.h"
+
+CPPWRAP_MODULE_STATE()
+
+static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {
+    if (!cppwrap::check_args(args, 1)) return nullptr;
+    cppwrap::Tensor x;
+    if (!cppwrap::unpack_tensor(args, 0, x, "x")) return nullptr;
+    cppwrap::clear_args(args);
+    try {
+        cppwrap::assert_alignment(x, 16, "aten.op");
+    } catch (...) {
+        return cppwrap::raise_current();
+    }
+    return cppwrap::pack_outputs<1>({cppwrap::output(x)});
+}
+
+CPPWRAP_DEFINE_MODULE("alignment check")
+"""
 
 
 class TestFallbacks(CppWrapperTestCase):
@@ -74,6 +101,45 @@ class TestFallbacks(CppWrapperTestCase):
             return a + 1, b - 1
 
         self.check(fn, (torch.randn(7, 4),))
+
+    @unittest.skipIf(
+        _compat.torch_version_tuple() < (2, 15),
+        "torch 2.15 is the first release to ask C++ wrappers for alignment checks",
+    )
+    def test_op_output_alignment_is_checked(self) -> None:
+        # Inductor's kernels assume that what an ATen fallback returns is
+        # aligned; with config.alignment_asserts (the default) the wrapper
+        # checks it, as the Python wrapper does.
+        mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+
+        def fn(x):
+            return mha(x, x, x)[0]
+
+        x = torch.randn(2, 5, 16)
+        with torch.no_grad():
+            (source,) = self.check(fn, (x,), atol=1e-5, rtol=1e-5)
+            self.assertRegex(
+                source,
+                r'cppwrap::assert_alignment\(buf\d+, 16, "torch\.ops\.aten\.'
+                r'_scaled_dot_product_flash_attention_for_cpu\.default"\);',
+            )
+            torch._dynamo.reset()
+            with config.patch(alignment_asserts=False):
+                (source,) = self.check(fn, (x,), atol=1e-5, rtol=1e-5)
+        self.assertNotIn("cppwrap::assert_alignment(", source)
+
+    def test_alignment_check_names_op_and_offset(self) -> None:
+        # The check behind that line, on a tensor one float past an aligned
+        # address and on an aligned one.
+        module = CppWrapperCodeCache.load(_ALIGNMENT_CHECK_SOURCE)
+        x = torch.randn(8)
+        self.assertIs(module.call([x])[0], x)
+        with self.assertRaisesRegex(
+            RuntimeError,
+            "^aten.op: expected a tensor whose data is 16-byte aligned, "
+            "got one at offset 4$",
+        ):
+            module.call([x[1:]])
 
     def test_custom_op_mutating_input(self) -> None:
         @torch.library.custom_op("cppwrap_test::add_one_", mutates_args=("x",))

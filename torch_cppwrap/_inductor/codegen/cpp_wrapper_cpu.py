@@ -1140,6 +1140,16 @@ class CppWrapperCpu(PythonWrapperCodegen):
             self._assert_size_stride_line(name, size, stride, op_name, dtype)
         )
 
+    def _codegen_assert_alignment(
+        self, code: Any, name: str, alignment: int, op_name: str
+    ) -> None:
+        # torch 2.15 asks C++ wrappers too for the alignment checks of
+        # config.alignment_asserts (earlier releases skip them for them).
+        code.writeline(
+            f"cppwrap::assert_alignment({name}, {alignment}, "
+            f"{spell.string_literal(op_name or name)});"
+        )
+
     @staticmethod
     def _assert_size_stride_line(
         name: str, size: str, stride: str, op_name: str, dtype: torch.dtype | None

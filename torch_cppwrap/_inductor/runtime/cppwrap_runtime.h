@@ -364,6 +364,20 @@ inline void assert_size_stride(
   }
 }
 
+// The alignment check Inductor asks for where its kernels assume an aligned
+// buffer (config.alignment_asserts): after an op whose output it did not
+// allocate, and on graph inputs with config.alignment_asserts_inputs.  `op`
+// names the operator, or is "input".
+inline void assert_alignment(const Tensor& t, int64_t alignment, const char* op) {
+  const auto address = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+  if (address % static_cast<std::uintptr_t>(alignment) != 0) {
+    throw_runtime_failure(
+        std::string(op) + ": expected a tensor whose data is " + std::to_string(alignment) +
+        "-byte aligned, got one at offset " +
+        std::to_string(address % static_cast<std::uintptr_t>(alignment)));
+  }
+}
+
 // A temporary array for one call's list argument; `.data()` stays valid until
 // the end of the full expression.  Values are const, pointers are not, so
 // `.data()` converts to the `const T*` / `const T**` parameters of the shim.

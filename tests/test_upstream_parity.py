@@ -10,6 +10,7 @@ from unittest import mock
 import torch
 from torch._dynamo.utils import counters
 from torch._inductor import config, cpu_vec_isa
+from torch._inductor.exc import CppWrapperCodegenError
 from torch._inductor.test_case import run_tests
 
 import torch_cppwrap
@@ -251,6 +252,26 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
         self.assertIn("a construct this test pretends is new", line)
         # The Python wrapper's module, not ours.
         self.assertNotIn("CppWrapperCodeCache", source)
+        self.assertIn("def call(", source)
+
+    def test_graph_upstream_refuses_cpp_wrappers_falls_back(self) -> None:
+        # Upstream's IR refuses some constructs to every C++ wrapper
+        # (CppWrapperCodegenError: torch.cuda.use_mem_pool, ...); the graph
+        # then compiles with the Python wrapper instead of failing.
+        def refused(self: CppWrapperCpu, *args: object, **kwargs: object) -> None:
+            raise CppWrapperCodegenError("a construct upstream refuses C++ wrappers")
+
+        x = torch.randn(32)
+        counters.clear()
+        with (
+            torch_cppwrap.config.patch(strict=False),
+            mock.patch.object(CppWrapperCpu, "write_prefix", refused),
+        ):
+            result, (source,) = torch._inductor.utils.run_and_get_code(
+                torch.compile(self.fn), x
+            )
+        self.assertEqual(result, self.fn(x))
+        self.assertEqual(counters["inductor"]["cppwrap_python_wrapper_fallback"], 1)
         self.assertIn("def call(", source)
 
     def test_strict_mode_raises(self) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
 from torch._inductor import metrics
+from torch._inductor.exc import CppWrapperCodegenError
 
 from torch_cppwrap import config
 from torch_cppwrap._inductor import codecache
@@ -24,9 +25,11 @@ from torch_cppwrap._inductor.codecache import CppWrapperCompileError
 perf_hint_log = torch._logging.getArtifactLogger("torch._inductor.graph", "perf_hints")
 
 # What makes a graph fall back: a construct our generator does not handle,
-# or generated C++ that does not build.
+# one that upstream's IR refuses every C++ wrapper, or generated C++ that does
+# not build.
 FALLBACK_ERRORS: tuple[type[BaseException], ...] = (
     NotImplementedError,
+    CppWrapperCodegenError,
     CppWrapperCompileError,
 )
 

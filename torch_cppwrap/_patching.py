@@ -163,6 +163,9 @@ _ORIGINAL_TRY_GET_KERNEL_NAME: Any = None
 # our wrapper, the named wrapper method emits the call instead.
 ROUTED_CODEGEN: dict[str, str] = {
     "InplaceBernoulliFallback": "codegen_inplace_bernoulli",
+    # torch 2.15's refuses a C++ wrapper the wait of a coalesced collective
+    # (_c10d_functional.wait_tensors).
+    "_WaitKernel": "codegen_collective_wait",
 }
 
 

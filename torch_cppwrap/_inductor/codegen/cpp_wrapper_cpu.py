@@ -784,6 +784,14 @@ class CppWrapperCpu(PythonWrapperCodegen):
         ]
         self._shim_call(shim_fn, args, str(op), device)
 
+    def codegen_collective_wait(self, node: Any) -> None:
+        """A collective's wait: wait_tensor, or wait_tensors for the outputs
+        of a coalesced collective (torch 2.15), which upstream's IR refuses
+        C++ wrappers.  Both go through the dispatcher, as collectives do."""
+        self.generate_extern_kernel_alloc(node)
+        if isinstance(node.layout, ir.Layout):
+            node.codegen_size_asserts(self)
+
     def generate_fallback_kernel_with_runtime_lookup(
         self,
         buf_name: str,

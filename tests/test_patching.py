@@ -205,7 +205,8 @@ class TestPatching(TestCase):
 
     def test_unsupported_torch_warns_and_patches_nothing(self) -> None:
         self.assertFalse(_compat.torch_is_supported("2.10.0"))
-        self.assertFalse(_compat.torch_is_supported("2.15.0"))
+        self.assertFalse(_compat.torch_is_supported("2.16.0"))
+        self.assertTrue(_compat.torch_is_supported("2.15.0"))
         self.assertTrue(_compat.torch_is_supported("2.11.0+cu130"))
         script = textwrap.dedent(
             """

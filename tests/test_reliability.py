@@ -102,7 +102,7 @@ class TestReentrancy(CppWrapperTestCase):
 
     @unittest.skipIf(
         _compat.torch_version_tuple() < (2, 13),
-        "torch 2.11's Dynamo raises 'using FX to symbolically trace a "
+        "torch 2.11 and 2.12's Dynamo raise 'using FX to symbolically trace a "
         "dynamo-optimized function' in this test's threads whatever the wrapper: "
         "the Python wrapper and upstream's cpp_wrapper hit it too",
     )

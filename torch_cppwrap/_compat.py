@@ -1,7 +1,7 @@
 """Every difference between the torch releases we support, in one place.
 
 Each helper is named for what it provides, not for the version that needs it,
-so the rest of the package reads the same on torch 2.11 through 2.14.
+so the rest of the package reads the same on torch 2.11 through 2.15.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 # Inclusive lower bound, exclusive upper bound; mirrors pyproject.toml.
-SUPPORTED_TORCH = ((2, 11), (2, 15))
+SUPPORTED_TORCH = ((2, 11), (2, 16))
 
 
 def torch_version_tuple(version: str | None = None) -> tuple[int, int]:

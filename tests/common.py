@@ -202,3 +202,14 @@ static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {
 
 CPPWRAP_DEFINE_MODULE("test module %(tag)s")
 """
+
+
+def checking_identity_source(tag: str, check: str) -> str:
+    """IDENTITY_SOURCE whose call first runs the C++ statement `check` on its
+    input `x`; what the statement throws is raised in Python."""
+    unpacked = "    cppwrap::clear_args(args);\n"
+    return (IDENTITY_SOURCE % {"tag": tag}).replace(
+        unpacked,
+        f"{unpacked}    try {{\n        {check}\n    }} catch (...) {{\n"
+        "        return cppwrap::raise_current();\n    }\n",
+    )

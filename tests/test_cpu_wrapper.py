@@ -13,7 +13,7 @@ import torch
 from torch._inductor import config
 from torch._inductor.test_case import run_tests
 
-from tests.common import CppWrapperTestCase
+from tests.common import CppWrapperTestCase, checking_identity_source
 from torch_cppwrap import _compat
 from torch_cppwrap._inductor.codecache import CppWrapperCodeCache
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import HOST_READ, CppWrapperCpu
@@ -33,30 +33,6 @@ class TestSeedExample(CppWrapperTestCase):
         body = source[source.index("static PyObject* call_impl") :]
         self.assertLess(body.index("arg0_1.reset();"), body.index("out0 = "))
         self.assertIn("cppwrap::GilRelease nogil;", body)
-
-
-# A module whose call checks its input's alignment, as a graph checks what an
-# op returned.
-_ALIGNMENT_CHECK_SOURCE = """
-#include "cppwrap_runtime.h"
-
-CPPWRAP_MODULE_STATE()
-
-static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {
-    if (!cppwrap::check_args(args, 1)) return nullptr;
-    cppwrap::Tensor x;
-    if (!cppwrap::unpack_tensor(args, 0, x, "x")) return nullptr;
-    cppwrap::clear_args(args);
-    try {
-        cppwrap::assert_alignment(x, 16, "aten.op");
-    } catch (...) {
-        return cppwrap::raise_current();
-    }
-    return cppwrap::pack_outputs<1>({cppwrap::output(x)});
-}
-
-CPPWRAP_DEFINE_MODULE("alignment check")
-"""
 
 
 class TestFallbacks(CppWrapperTestCase):
@@ -131,7 +107,11 @@ class TestFallbacks(CppWrapperTestCase):
     def test_alignment_check_names_op_and_offset(self) -> None:
         # The check behind that line, on a tensor one float past an aligned
         # address and on an aligned one.
-        module = CppWrapperCodeCache.load(_ALIGNMENT_CHECK_SOURCE)
+        module = CppWrapperCodeCache.load(
+            checking_identity_source(
+                "alignment", 'cppwrap::assert_alignment(x, 16, "aten.op");'
+            )
+        )
         x = torch.randn(8)
         self.assertIs(module.call([x])[0], x)
         with self.assertRaisesRegex(

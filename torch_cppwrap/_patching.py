@@ -159,12 +159,13 @@ def _try_get_kernel_name(self: Any) -> str | None:
 
 _ORIGINAL_TRY_GET_KERNEL_NAME: Any = None
 
-# IR nodes whose codegen() writes C++ for upstream's handle type itself: with
-# our wrapper, the named wrapper method emits the call instead.
+# IR nodes whose codegen() cannot serve our wrapper: with it, the named
+# wrapper method emits the call instead.
 ROUTED_CODEGEN: dict[str, str] = {
+    # Writes C++ for upstream's handle type itself.
     "InplaceBernoulliFallback": "codegen_inplace_bernoulli",
-    # torch 2.15's refuses a C++ wrapper the wait of a coalesced collective
-    # (_c10d_functional.wait_tensors).
+    # Refuses C++ wrappers the wait of a coalesced collective
+    # (_c10d_functional.wait_tensors, torch 2.15).
     "_WaitKernel": "codegen_collective_wait",
 }
 

@@ -369,12 +369,12 @@ inline void assert_size_stride(
 // allocate, and on graph inputs with config.alignment_asserts_inputs.  `op`
 // names the operator, or is "input".
 inline void assert_alignment(const Tensor& t, int64_t alignment, const char* op) {
-  const auto address = reinterpret_cast<std::uintptr_t>(t.data_ptr());
-  if (address % static_cast<std::uintptr_t>(alignment) != 0) {
+  const auto offset =
+      reinterpret_cast<std::uintptr_t>(t.data_ptr()) % static_cast<std::uintptr_t>(alignment);
+  if (offset != 0) {
     throw_runtime_failure(
         std::string(op) + ": expected a tensor whose data is " + std::to_string(alignment) +
-        "-byte aligned, got one at offset " +
-        std::to_string(address % static_cast<std::uintptr_t>(alignment)));
+        "-byte aligned, got one at offset " + std::to_string(offset));
   }
 }
 

@@ -70,6 +70,22 @@ PATCHED_TORCH_SCRIPT = textwrap.dedent(
         torch.testing.assert_close(actual, fn(*args), rtol=1e-4, atol=1e-4)
         report["cases"][name] = {"wrappers_made": create.call_count, "code": codes[0]}
 
+    # A node whose codegen the series routes to our wrapper (ir.py).
+    def bernoulli(a):
+        return torch.ops.aten.bernoulli_(a.clone(), 0.3)
+
+    x = torch.ones(64, 64)
+    torch.manual_seed(7)
+    expected = bernoulli(x)
+    torch._dynamo.reset()
+    with config.patch(cpp_wrapper=True, fallback_random=True), mock.patch.object(
+        CppWrapperCpuJit, "create", wraps=CppWrapperCpuJit.create
+    ) as create:
+        torch.manual_seed(7)
+        actual, codes = run_and_get_code(torch.compile(bernoulli), x)
+    torch.testing.assert_close(actual, expected)
+    report["cases"]["bernoulli"] = {"wrappers_made": create.call_count, "code": codes[0]}
+
     report["torch_cppwrap_imported"] = any(
         m == "torch_cppwrap" or m.startswith("torch_cppwrap.") for m in sys.modules
     )
@@ -419,6 +435,11 @@ class TestPatchedTorch(TestCase):
             self.assertNotIn("torch_cppwrap._inductor", code)
         self.assertIn("cpp_fused_add_sum_0(", report["cases"]["seed"]["code"])
         self.assertIn("aoti_torch_cpu_mm_out(", report["cases"]["mm"]["code"])
+        # Written by our wrapper (its checked shim call), not by the node.
+        self.assertIn(
+            "cppwrap::check_shim(aoti_torch_cpu_bernoulli__float(",
+            report["cases"]["bernoulli"]["code"],
+        )
 
     @slowTest
     def test_aot_inductor_keeps_the_c_shim_wrapper(self) -> None:

@@ -146,6 +146,7 @@ TARGETS = {
 CLASS_NAMES = {w.cls: w.jit_cls for w in JIT_WRAPPERS}
 CPU_WRAPPER = JIT_WRAPPERS[0].source
 COMMON = "torch/_inductor/codegen/common.py"
+PATCHING = "_patching.py"  # under PACKAGE_ROOT
 GRAPH = "torch/_inductor/graph.py"
 IR = "torch/_inductor/ir.py"
 
@@ -622,6 +623,7 @@ def register_jit_wrappers(tree: Tree) -> None:
     _register_in_common(tree)
     _pass_aot_mode_from_graph(tree)
     _accept_both_wrappers_in_ir(tree)
+    _route_codegen_to_jit_wrapper(tree)
 
 
 def _register_in_common(tree: Tree) -> None:
@@ -803,6 +805,64 @@ def _accept_both_wrappers_in_ir(tree: Tree) -> None:
         f"{pad}# derive from them) both name kernels by their C-shim functions.\n"
         f"{pad}cpp_wrappers = ({cpu.cls}, {cpu.jit_cls})"
     )
+    tree.write(IR, "\n".join(lines))
+
+
+def routed_codegen() -> dict[str, str]:
+    """The package's ROUTED_CODEGEN (``_patching.py``): IR node class -> the
+    method of our CPU wrapper that writes the node's call instead of the
+    node's own codegen.  Read from the source, not imported."""
+    text = (PACKAGE_ROOT / PATCHING).read_text()
+    for node in ast.parse(text, PATCHING).body:
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == "ROUTED_CODEGEN"
+            and node.value is not None
+        ):
+            table = ast.literal_eval(node.value)
+            assert isinstance(table, dict)
+            return table
+    raise PatchError(f"{PACKAGE}/{PATCHING}: no ROUTED_CODEGEN table")
+
+
+def _route_codegen_to_jit_wrapper(tree: Tree) -> None:
+    """Each routed node's ``codegen`` hands the node to our CPU wrapper (and
+    the CUDA one, its subclass) first, as ``_patching.py`` does at import.
+    A class this release's IR lacks is skipped, as there."""
+    cpu = next(w for w in JIT_WRAPPERS if w.cls == "CppWrapperCpu")
+    text = tree.read(IR)
+    lines = text.split("\n")
+    classes = {
+        node.name: node
+        for node in ast.parse(text, IR).body
+        if isinstance(node, ast.ClassDef)
+    }
+    inserts: list[tuple[int, str]] = []
+    for class_name, method in routed_codegen().items():
+        if class_name not in classes:
+            continue
+        codegens = [
+            f
+            for f in classes[class_name].body
+            if isinstance(f, ast.FunctionDef) and f.name == "codegen"
+        ]
+        function = _only(codegens, f"{IR}: {class_name}.codegen")
+        first = function.body[0]
+        indent = re.match(r"\s*", lines[first.lineno - 1])
+        assert indent is not None
+        pad = indent.group(0)
+        inserts.append(
+            (
+                first.lineno - 1,
+                f"{pad}from .codegen.{cpu.module} import {cpu.jit_cls}\n\n"
+                f"{pad}if isinstance(wrapper, {cpu.jit_cls}):\n"
+                f"{pad}    wrapper.{method}(self)\n"
+                f"{pad}    return",
+            )
+        )
+    for row, block in sorted(inserts, reverse=True):
+        lines[row] = f"{block}\n{lines[row]}"
     tree.write(IR, "\n".join(lines))
 
 
@@ -1011,7 +1071,13 @@ SERIES: tuple[Patch, ...] = (
         out-of-tree backends keep what they register.
 
         ExternKernel.try_get_kernel_name accepts either kind of wrapper, since
-        both name kernels by their C-shim functions.""",
+        both name kernels by their C-shim functions.
+
+        The codegen of two IR nodes hands the node to the JIT wrapper, which
+        writes its call: InplaceBernoulliFallback (upstream spells that call
+        for its own C-shim handle type) and _WaitKernel (torch 2.15 refuses
+        C++ wrappers the wait of a coalesced collective, wait_tensors, which
+        the JIT wrapper calls through the dispatcher).""",
         edit=register_jit_wrappers,
     ),
 )

@@ -219,6 +219,27 @@ class TestUpstreamParity(CppWrapperTestCase):
         names = [event.name for event in prof.events()]
         self.assertTrue(any(n.endswith("_inductor_wrapper_call") for n in names), names)
 
+    @config.patch({"cpp.enable_kernel_profile": True})
+    def test_kernel_profile_records_each_shim_call(self) -> None:
+        def fn(a, b):
+            return torch.topk(a @ b, 3).values.relu()
+
+        args = (torch.randn(32, 32), torch.randn(32, 32))
+        actual, (source,) = self.compile_and_run(fn, args)
+        self.assertEqual(actual, fn(*args))
+        self.assertIn(
+            'cppwrap::RecordScope record_kernel("aoti_torch_cpu_mm_out");', source
+        )
+        compiled = torch.compile(fn)
+        with config.patch(cpp_wrapper=True):
+            compiled(*args)
+            with torch.profiler.profile() as prof:
+                compiled(*args)
+        names = {event.name for event in prof.events()}
+        # The C shim runs ATen's kernels without the dispatcher: these
+        # ranges are the only record of them, as in upstream's cpp_wrapper.
+        self.assertLessEqual({"aoti_torch_cpu_mm_out", "aoti_torch_cpu_topk"}, names)
+
     @config.patch({"triton.autotune_at_compile_time": True})
     def test_compile_time_tuning_on_a_cpu_graph(self) -> None:
         # torch 2.11 tunes at compile time whenever Triton is installed (every

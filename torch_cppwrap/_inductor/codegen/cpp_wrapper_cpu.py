@@ -662,7 +662,17 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self, shim_fn: str, args: Sequence[str], where: str, device: str
     ) -> None:
         self.launches.append((device, shim_fn))
-        self.writeline(self._checked_shim_call(shim_fn, args, where))
+        self.write_kernel_line(shim_fn, self._checked_shim_call(shim_fn, args, where))
+
+    def write_kernel_line(self, kernel: str, line: str) -> None:
+        """Writes the statement `line` that runs `kernel`; with
+        config.cpp.enable_kernel_profile, inside a profiler range named after
+        it, as Inductor's C++ kernels record themselves (a C-shim call runs
+        ATen's kernel without the dispatcher, so nothing else records it)."""
+        if config.cpp.enable_kernel_profile:
+            name = spell.string_literal(kernel)
+            line = f"{{ cppwrap::RecordScope record_kernel({name}); {line} }}"
+        self.writeline(line)
 
     def _generate_extern_kernel_out_helper(
         self,
@@ -674,8 +684,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
         stack_traces: Any = None,
         profiling_args: Sequence[str | None] | None = None,
     ) -> None:
-        # profiling_args (torch 2.15) names the arguments of a profiled
-        # extern call; this wrapper records no kernel profile.
+        # profiling_args (torch 2.15): the arguments a profiled extern call
+        # records; this wrapper's range (write_kernel_line) records its name.
         if not shim_function_exists(kernel):
             raise NotImplementedError(f"torch_cppwrap: no C shim function {kernel}")
         # Inductor leaves a symbolic scalar (baddbmm's alpha with dynamic

@@ -846,8 +846,9 @@ class CppWrapperGpu(CppWrapperCpu):
                 f"argument kinds ({known.kinds} and {signature.kinds})"
             )
         self.launches.append((device.type, kernel_name))
-        self.writeline(
-            f"launch_{kernel_name}({', '.join([str(index), stream, *values])});"
+        self.write_kernel_line(
+            kernel_name,
+            f"launch_{kernel_name}({', '.join([str(index), stream, *values])});",
         )
 
     def _launch_argument(self, arg: Any, arg_type: Any) -> tuple[str, str]:

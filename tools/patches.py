@@ -144,7 +144,8 @@ TARGETS = {
 }
 # Our classes that would share a name with upstream's -> their name in torch.
 CLASS_NAMES = {w.cls: w.jit_cls for w in JIT_WRAPPERS}
-CPU_WRAPPER = JIT_WRAPPERS[0].source
+CPU_JIT = JIT_WRAPPERS[0]  # the CPU wrapper, which the CUDA one derives from
+CPU_WRAPPER = CPU_JIT.source
 COMMON = "torch/_inductor/codegen/common.py"
 PATCHING = "_patching.py"  # under PACKAGE_ROOT
 GRAPH = "torch/_inductor/graph.py"
@@ -776,7 +777,6 @@ def _pass_aot_mode_from_graph(tree: Tree) -> None:
 
 
 def _accept_both_wrappers_in_ir(tree: Tree) -> None:
-    cpu = next(w for w in JIT_WRAPPERS if w.cls == "CppWrapperCpu")
     text = tree.read(IR)
     lines = text.split("\n")
     function = _function(ast.parse(text, IR), "try_get_kernel_name", IR)
@@ -784,15 +784,15 @@ def _accept_both_wrappers_in_ir(tree: Tree) -> None:
         node
         for node in ast.walk(function)
         if isinstance(node, ast.ImportFrom)
-        and node.module == f"codegen.{cpu.upstream}"
-        and [a.name for a in node.names] == [cpu.cls]
+        and node.module == f"codegen.{CPU_JIT.upstream}"
+        and [a.name for a in node.names] == [CPU_JIT.cls]
     ]
-    node = _only(imports, f"import of {cpu.cls} in {IR}:try_get_kernel_name")
+    node = _only(imports, f"import of {CPU_JIT.cls} in {IR}:try_get_kernel_name")
     indent = re.match(r"\s*", lines[node.lineno - 1])
     assert indent is not None
     pad = indent.group(0)
     body = range(node.lineno, function.end_lineno or node.lineno)
-    check = f"isinstance(V.graph.wrapper_code, {cpu.cls})"
+    check = f"isinstance(V.graph.wrapper_code, {CPU_JIT.cls})"
     checks = [i for i in body if check in lines[i]]
     if len(checks) != 1:
         raise PatchError(f"{IR}: expected one `{check}` in try_get_kernel_name")
@@ -800,10 +800,10 @@ def _accept_both_wrappers_in_ir(tree: Tree) -> None:
         check, "isinstance(V.graph.wrapper_code, cpp_wrappers)"
     )
     lines[node.lineno - 1] += (
-        f"\n{pad}from .codegen.{cpu.module} import {cpu.jit_cls}\n\n"
+        f"\n{pad}from .codegen.{CPU_JIT.module} import {CPU_JIT.jit_cls}\n\n"
         f"{pad}# The C++ wrappers for AOTInductor and for JIT graphs (and those that\n"
         f"{pad}# derive from them) both name kernels by their C-shim functions.\n"
-        f"{pad}cpp_wrappers = ({cpu.cls}, {cpu.jit_cls})"
+        f"{pad}cpp_wrappers = ({CPU_JIT.cls}, {CPU_JIT.jit_cls})"
     )
     tree.write(IR, "\n".join(lines))
 
@@ -830,7 +830,6 @@ def _route_codegen_to_jit_wrapper(tree: Tree) -> None:
     """Each routed node's ``codegen`` hands the node to our CPU wrapper (and
     the CUDA one, its subclass) first, as ``_patching.py`` does at import.
     A class this release's IR lacks is skipped, as there."""
-    cpu = next(w for w in JIT_WRAPPERS if w.cls == "CppWrapperCpu")
     text = tree.read(IR)
     lines = text.split("\n")
     classes = {
@@ -855,8 +854,8 @@ def _route_codegen_to_jit_wrapper(tree: Tree) -> None:
         inserts.append(
             (
                 first.lineno - 1,
-                f"{pad}from .codegen.{cpu.module} import {cpu.jit_cls}\n\n"
-                f"{pad}if isinstance(wrapper, {cpu.jit_cls}):\n"
+                f"{pad}from .codegen.{CPU_JIT.module} import {CPU_JIT.jit_cls}\n\n"
+                f"{pad}if isinstance(wrapper, {CPU_JIT.jit_cls}):\n"
                 f"{pad}    wrapper.{method}(self)\n"
                 f"{pad}    return",
             )

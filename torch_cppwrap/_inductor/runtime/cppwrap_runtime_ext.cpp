@@ -545,7 +545,13 @@ int result_tensor(void* s, int64_t i, int64_t j, void* dst) {
 }
 
 void* record_begin(const char* name) {
-  auto guard = std::make_unique<at::RecordFunction>(at::RecordScope::FUNCTION);
+  // With no profiler (or other observer) on, as in nearly every call, no
+  // RecordFunction is made: that is what RECORD_FUNCTION's check saves too.
+  auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION);
+  if (C10_LIKELY(!callbacks.has_value())) {
+    return nullptr;
+  }
+  auto guard = std::make_unique<at::RecordFunction>(std::move(*callbacks));
   if (guard->isActive()) {
     guard->before(name);
     return guard.release();

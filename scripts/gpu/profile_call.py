@@ -24,14 +24,23 @@ backward; the rest under no_grad):
   launched: what torch_cppwrap's C++ wrapper, run kernel by kernel
   (cppwrap-no-replay), should cut to a third of the Python wrapper's;
 - gpu_kernel_us: the GPU's busy time per call (kernel time from the
-  profiler), and the profiler's CPU table.
+  profiler), and the profiler's CPU table;
+- with --kernel-ranges (config.cpp.enable_kernel_profile set, so that our
+  wrapper opens a profiler range around each C-shim call and Triton launch,
+  as the Python wrapper's Triton launcher and ATen's dispatcher do), the
+  split of a call's host time between the extern kernels' own (ATen's host
+  work for a cuBLAS matmul or attention, which no wrapper can cut) and the
+  rest: triton_launches_per_call, extern_calls_per_call,
+  extern_host_us_per_call (the profiled ranges of the outermost extern calls
+  that launch GPU work), and wrapper_us_per_triton_launch, the call's host
+  time without those, per Triton launch: the wrapper's own cost per kernel.
 
 torch_cppwrap's generated C++ is written next to the tables; profile.json
 holds the records and profile.md a table of them (both rewritten after each
 record).
 
     python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
-        [--modes cppwrap,upstream,python] [--timeout 240]
+        [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges]
 """
 
 from __future__ import annotations
@@ -65,7 +74,13 @@ TABLE_COLUMNS = (
     ("kernels_per_call", "kernels per call"),
     ("host_us_per_launch", "host µs per kernel"),
     ("gpu_kernel_us", "GPU kernel µs per call"),
+    ("triton_launches_per_call", "Triton launches per call"),
+    ("extern_calls_per_call", "extern calls per call"),
+    ("extern_host_us_per_call", "extern host µs per call"),
+    ("wrapper_us_per_triton_launch", "host µs per Triton launch, externs excluded"),
 )
+# Profiler events that launch work on the GPU (runtime and driver API calls).
+LAUNCH_MARKERS = ("LaunchKernel", "GraphLaunch", "Memcpy", "Memset")
 
 
 def progress(message: str) -> None:
@@ -107,7 +122,47 @@ def host_time_us(f: Callable[[], Any], sync: Callable[[], None]) -> float:
     return statistics.median(times)
 
 
-def child(workload: str, mode_name: str, out: Path) -> dict[str, Any]:
+def _launches_gpu_work(event: Any) -> bool:
+    """Whether `event` or an event inside it launches work on the GPU."""
+    stack = [event]
+    while stack:
+        e = stack.pop()
+        if any(marker in e.name for marker in LAUNCH_MARKERS):
+            return True
+        stack.extend(e.cpu_children)
+    return False
+
+
+def launch_split(events: Any, calls: int) -> dict[str, float]:
+    """Per call, from the profiler's events of `calls` calls: the Triton
+    launches (ranges named ``triton_*``, opened by Inductor's Triton launcher
+    in Python and by our wrapper under config.cpp.enable_kernel_profile) and
+    the extern calls: the outermost ATen op (``aten::*``, the dispatcher's
+    range) or C-shim call (``aoti_torch_*``, our wrapper's range) that
+    launches GPU work, with their host time."""
+    triton = [e for e in events if e.name.startswith("triton_")]
+    externs = []
+    for e in events:
+        if not e.name.startswith(("aten::", "aoti_torch_")):
+            continue
+        parent, nested = e.cpu_parent, False
+        while parent is not None:
+            if parent.name.startswith(("aten::", "aoti_torch_", "triton_")):
+                nested = True
+                break
+            parent = parent.cpu_parent
+        if not nested and _launches_gpu_work(e):
+            externs.append(e)
+    return {
+        "triton_launches_per_call": len(triton) / calls,
+        "extern_calls_per_call": len(externs) / calls,
+        "extern_host_us_per_call": sum(e.cpu_time_total for e in externs) / calls,
+    }
+
+
+def child(
+    workload: str, mode_name: str, out: Path, kernel_ranges: bool = False
+) -> dict[str, Any]:
     bench = load_bench()
     mode, spec = bench.MODES[mode_name], bench.WORKLOADS[workload]
     if mode.imports_torch_cppwrap:
@@ -120,6 +175,9 @@ def child(workload: str, mode_name: str, out: Path) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     config.cpp_wrapper = mode.cpp_wrapper
+    # Our wrapper's range around each kernel (the Python wrapper opens its
+    # own whenever a profiler is on); the flag is part of the graph's key.
+    config.cpp.enable_kernel_profile = kernel_ranges
     sync = torch.cuda.synchronize
     torch.manual_seed(0)
     fn, args = spec.build("cuda")
@@ -147,6 +205,7 @@ def child(workload: str, mode_name: str, out: Path) -> dict[str, Any]:
         "torch_cppwrap_imported": "torch_cppwrap" in sys.modules,
         "cuda_graphs_env": os.environ.get("TORCH_CPPWRAP_CUDA_GRAPHS"),
         "train": spec.train,
+        "kernel_ranges": kernel_ranges,
     }
     # Inference under no_grad; a training step needs grad for its backward.
     grad_mode = torch.enable_grad if spec.train else torch.no_grad
@@ -221,6 +280,15 @@ def child(workload: str, mode_name: str, out: Path) -> dict[str, Any]:
         / PROFILED_CALLS
     )
     record["host_us_per_launch"] = record["host_us"] / kernels if kernels else None
+    if kernel_ranges:
+        split = launch_split(prof.events(), PROFILED_CALLS)
+        record.update(split)
+        triton_launches = split["triton_launches_per_call"]
+        record["wrapper_us_per_triton_launch"] = (
+            (record["host_us"] - split["extern_host_us_per_call"]) / triton_launches
+            if triton_launches
+            else None
+        )
     table = events.table(sort_by="self_cpu_time_total", row_limit=40)
     (out / f"profile_{workload}_{mode_name}.txt").write_text(table)
     for m in modules:
@@ -237,7 +305,12 @@ def _text(output: bytes | str | None) -> str:
 
 
 def run_child(
-    workload: str, mode: str, out: Path, timeout_s: float, extra_env: dict[str, str]
+    workload: str,
+    mode: str,
+    out: Path,
+    timeout_s: float,
+    extra_env: dict[str, str],
+    kernel_ranges: bool = False,
 ) -> dict[str, Any]:
     cache_dir = tempfile.mkdtemp(prefix="profile-call-inductor-")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, **extra_env)
@@ -247,6 +320,8 @@ def run_child(
     )
     env.update(load_bench().MODES[mode].environ)  # TORCH_CPPWRAP_CUDA_GRAPHS=0
     cmd = [sys.executable, __file__, "--out", str(out), "--child", workload, mode]
+    if kernel_ranges:
+        cmd.append("--kernel-ranges")
     error: dict[str, Any] = {"workload": workload, "mode": mode}
     try:
         proc = subprocess.run(
@@ -294,6 +369,16 @@ def markdown(records: list[dict[str, Any]]) -> str:
                 f"- {workload}: host µs per kernel, cppwrap-no-replay / python = "
                 f"{a:.2f} / {b:.2f} = {a / b:.2f} (target ≤ 0.33)"
             )
+        a = ours.get("wrapper_us_per_triton_launch")
+        b = python.get("wrapper_us_per_triton_launch")
+        if a is not None and b:
+            lines.append(
+                f"- {workload}: host µs per Triton launch with the extern calls' "
+                f"own host time left out, cppwrap-no-replay / python = "
+                f"{a:.2f} / {b:.2f} = {a / b:.2f}; extern calls' host µs per call "
+                f"{ours.get('extern_host_us_per_call', 0):.0f} / "
+                f"{python.get('extern_host_us_per_call', 0):.0f}"
+            )
     errors = [r for r in records if r.get("error")]
     if errors:
         lines.append("")
@@ -313,11 +398,18 @@ def main() -> int:
     parser.add_argument(
         "--timeout", type=float, default=240.0, help="seconds per child process"
     )
+    parser.add_argument(
+        "--kernel-ranges",
+        action="store_true",
+        help="compile with config.cpp.enable_kernel_profile and split each "
+        "call's host time between extern calls and Triton launches",
+    )
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "MODE"))
     ns = parser.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     if ns.child:
-        print("RESULT " + json.dumps(child(*ns.child, ns.out)), flush=True)
+        record = child(*ns.child, ns.out, kernel_ranges=ns.kernel_ranges)
+        print("RESULT " + json.dumps(record), flush=True)
         return 0
     bench = load_bench()
     workloads, modes = ns.workloads.split(","), ns.modes.split(",")
@@ -340,7 +432,9 @@ def main() -> int:
         for workload in workloads:
             for mode in modes:
                 progress(f"== {workload} / {mode}")
-                record = run_child(workload, mode, ns.out, ns.timeout, extra_env)
+                record = run_child(
+                    workload, mode, ns.out, ns.timeout, extra_env, ns.kernel_ranges
+                )
                 print(json.dumps(record), flush=True)
                 records.append(record)
                 # After each record, so that an interrupted run keeps its rows.

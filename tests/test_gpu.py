@@ -683,11 +683,22 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             return torch.tanh(x @ w).relu() @ w + 3
 
         stop = threading.Event()
-        results: list[torch.Tensor] = []
+        replays = 0
+        # Each result's distance from eager's, beyond the tolerance, kept on
+        # the GPU: holding the results would have each replay copy its lent
+        # output out of the pool, and thousands of them fill the GPU while
+        # the other thread compiles.
+        excess = torch.zeros((), device="cuda")
+        tolerance = 1e-3 + 1e-3 * expected.abs()
 
         def replay_until_stopped() -> None:
+            nonlocal replays, excess
             while not stop.is_set():
-                results.append(module.call([x, w])[0])
+                result = module.call([x, w])[0]
+                excess = torch.maximum(
+                    excess, ((result - expected).abs() - tolerance).max()
+                )
+                replays += 1
 
         replayer = threading.Thread(target=replay_until_stopped)
         with mock.patch.object(cuda_graphs, "capture", counting_capture):
@@ -704,9 +715,8 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
                 stop.set()
                 replayer.join()
         torch.cuda.synchronize()
-        self.assertGreater(len(results), 0)
-        for result in results:
-            self.assertEqual(result, expected, atol=1e-3, rtol=1e-3)
+        self.assertGreater(replays, 0)
+        self.assertLessEqual(excess.item(), 0.0)
         self.assertEqual(module.cuda_graph_state(), "ready")
         self.assertEqual(len(captured), 3)  # the new graphs', none of fn's
 

@@ -145,7 +145,11 @@ def launch_split(events: Any, calls: int) -> dict[str, float]:
     in Python and by our wrapper under config.cpp.enable_kernel_profile) and
     the extern calls: the outermost ATen op (``aten::*``, the dispatcher's
     range) or C-shim call (``aoti_torch_*``, our wrapper's range) that
-    launches GPU work, with their host time."""
+    launches GPU work, with their host time.  Only host events count: the
+    GPU's own records of Triton kernels bear the same names."""
+    events = [
+        e for e in events if str(getattr(e, "device_type", "CPU")).endswith("CPU")
+    ]
     triton = [e for e in events if e.name.startswith("triton_")]
     externs = []
     for e in events:

@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -290,6 +290,20 @@ class Timing:
     min_us: float
     calls_per_repeat: int
     repeats: int
+
+
+def host_probe_us(budget: Budget) -> float:
+    """µs per eager in-place add on a 0-d CPU tensor: Python, the
+    dispatcher and nothing else, so it measures the host's speed at what
+    the Python-heavy modes do per op.  Hosts lent for a run differ (on two
+    leases of one GPU machine the Python wrapper's ResNet-18 took 1,480 and
+    2,606 µs a call), and this says by how much."""
+    import torch
+
+    x = torch.zeros(())
+    return time_per_call(
+        lambda: x.add_(1), repeats=budget.repeats, target_s=budget.target_s / 5
+    ).min_us
 
 
 def time_per_call(
@@ -660,6 +674,7 @@ def _time_calls(
     result["loadavg_before_timing"] = (
         os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     )
+    result["host_probe_us"] = host_probe_us(budget)
     with grad_mode():
         e2e = time_per_call(
             step,
@@ -1151,7 +1166,16 @@ def _meta(
             (r["warm"].get("loadavg_before_timing") or 0.0 for r in records),
             default=None,
         ),
+        # The host's speed before each timing (host_probe_us), fastest and
+        # slowest over the warm processes.
+        "host_probe_us": _spread(r["warm"].get("host_probe_us") for r in records),
     }
+
+
+def _spread(values: Iterable[float | None]) -> list[float] | None:
+    """[min, max] of the values that are there, or None."""
+    present = [v for v in values if v is not None]
+    return [min(present), max(present)] if present else None
 
 
 RATIO_METRICS = (
@@ -1304,6 +1328,13 @@ def markdown(report: dict[str, Any]) -> str:
         "(loading the cached graph included) to the end of the e2e timing (the module's "
         "`call`, timed after it on other inputs, is left out).",
     ]
+    probe = meta.get("host_probe_us")
+    if probe:
+        lines.append(
+            f"- host speed: an eager in-place add on a 0-d CPU tensor took "
+            f"{probe[0]:.2f}-{probe[1]:.2f} µs in the warm processes before "
+            "timing; compare tables of other runs only with this in mind."
+        )
     load = meta.get("max_loadavg_before_timing")
     if load and meta["cpu_count"] and load > meta["cpu_count"]:
         lines.append(

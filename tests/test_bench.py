@@ -84,6 +84,7 @@ class TestBenchWorker(TestCase):
         self.assertEqual(result["graphs"], 1)
         self.assertGreater(result["e2e_us"], 0)
         self.assertGreater(result["call_us"], 0)
+        self.assertGreater(result["host_probe_us"], 0)
 
     def test_a_crashed_worker_keeps_its_traceback(self) -> None:
         from unittest import mock
@@ -137,6 +138,9 @@ class TestReport(TestCase):
             self._record("upstream", 4.0),
             self._record("cppwrap", 1.0),
         ]
+        # The host's speed as each warm process found it; one has none.
+        for record, probe in zip(records, (1.5, 2.25, None), strict=True):
+            record["warm"] = {"host_probe_us": probe}
         (row,) = _bench.ratios(records)
         self.assertAlmostEqual(row["call_us/python"], 0.5)
         self.assertAlmostEqual(row["e2e_us/upstream"], 0.25)
@@ -157,6 +161,8 @@ class TestReport(TestCase):
             "| seed | 0.50 | 0.50 | 0.50 | 0.50 | 0.25 | 0.25 | 0.25 | 0.25 |", text
         )
         self.assertNotIn("## Problems", text)
+        self.assertEqual(report["meta"]["host_probe_us"], [1.5, 2.25])
+        self.assertIn("took 1.50-2.25 µs in the warm processes", text)
 
     def test_cuda_comparisons_and_replays(self) -> None:
         records = [

@@ -419,8 +419,8 @@ def main() -> int:
     parser.add_argument(
         "--kernel-ranges",
         action="store_true",
-        help="compile with config.cpp.enable_kernel_profile and split each "
-        "call's host time between extern calls and Triton launches",
+        help="compile torch_cppwrap's modes with config.cpp.enable_kernel_profile "
+        "and split each call's host time between extern calls and Triton launches",
     )
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "MODE"))
     ns = parser.parse_args()

@@ -551,12 +551,10 @@ void* record_begin(const char* name) {
   if (C10_LIKELY(!callbacks.has_value())) {
     return nullptr;
   }
+  // Callbacks that are there make the record active.
   auto guard = std::make_unique<at::RecordFunction>(std::move(*callbacks));
-  if (guard->isActive()) {
-    guard->before(name);
-    return guard.release();
-  }
-  return nullptr;
+  guard->before(name);
+  return guard.release();
 }
 
 void record_end(void* guard) {

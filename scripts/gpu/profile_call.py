@@ -109,13 +109,16 @@ def load_bench() -> ModuleType:
     return bench
 
 
-def host_time_us(f: Callable[[], Any], sync: Callable[[], None]) -> float:
-    """Median host time of one call of `f` issued on an idle GPU, in µs."""
+def host_times_us(
+    f: Callable[[], Any], sync: Callable[[], None], calls: int
+) -> list[float]:
+    """The host time of each of `calls` calls of `f`, each issued on an idle
+    GPU, in µs."""
     times = []
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for _ in range(HOST_REPEATS):
+        for _ in range(calls):
             sync()
             t0 = time.perf_counter()
             f()
@@ -125,7 +128,12 @@ def host_time_us(f: Callable[[], Any], sync: Callable[[], None]) -> float:
         if gc_was_enabled:
             gc.enable()
     sync()
-    return statistics.median(times)
+    return times
+
+
+def host_time_us(f: Callable[[], Any], sync: Callable[[], None]) -> float:
+    """Median host time of one call of `f` issued on an idle GPU, in µs."""
+    return statistics.median(host_times_us(f, sync, HOST_REPEATS))
 
 
 def _launches_gpu_work(event: Any) -> bool:
@@ -267,15 +275,8 @@ def child(
                 record["call_host_us"] = call_host_us
 
         sync()
-        profiled_host_s = 0.0
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(PROFILED_CALLS):
-                # As host_time_us: each call issued on an idle GPU.
-                sync()
-                t0 = time.perf_counter()
-                step()
-                profiled_host_s += time.perf_counter() - t0
-            sync()
+            profiled_host_us = host_times_us(step, sync, PROFILED_CALLS)
     events = prof.key_averages()
     on_gpu, on_cpu = [], []
     for e in events:
@@ -300,7 +301,7 @@ def child(
     if kernel_ranges:
         split = launch_split(prof.events(), PROFILED_CALLS)
         record.update(split)
-        record["profiled_host_us"] = profiled_host_s * 1e6 / PROFILED_CALLS
+        record["profiled_host_us"] = statistics.fmean(profiled_host_us)
         # Both sides of the share are taken under the profiler.
         outside = 1.0 - split["extern_host_us_per_call"] / record["profiled_host_us"]
         triton_launches = split["triton_launches_per_call"]
@@ -426,7 +427,8 @@ def main() -> int:
     ns = parser.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     if ns.child:
-        record = child(*ns.child, ns.out, kernel_ranges=ns.kernel_ranges)
+        workload, mode = ns.child
+        record = child(workload, mode, ns.out, kernel_ranges=ns.kernel_ranges)
         print("RESULT " + json.dumps(record), flush=True)
         return 0
     bench = load_bench()

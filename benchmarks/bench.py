@@ -350,6 +350,17 @@ def new_compiled_modules(before: int) -> list[Any]:
     ]
 
 
+def compile_phases_s(min_s: float = 0.05) -> dict[str, float]:
+    """Seconds per phase that Inductor and Dynamo time with dynamo_timed in
+    this process so far (torch._dynamo.utils.compile_times()), the phases of
+    at least `min_s`.  Phases nest (GraphLowering.codegen holds the tuning
+    block), so they do not add up to the compile."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    totals = {key: sum(times) for key, times in compilation_time_metrics.items()}
+    return {key: round(t, 3) for key, t in sorted(totals.items()) if t >= min_s}
+
+
 def loaded_module_count() -> int:
     from torch._inductor.codecache import PyCodeCache
 
@@ -627,6 +638,7 @@ def run_worker(
         actual = step()
     sync()
     result["compile_s"] = time.perf_counter() - start
+    result["compile_phases_s"] = compile_phases_s()
     result["fx_cache_hit"] = counters["inductor"]["fxgraph_cache_hit"]
     result["fx_cache_counters"] = {
         k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph")
@@ -901,6 +913,7 @@ def _merge(
     )
     record["cold_compile_s"] = cold.get("compile_s")
     record["warm_compile_s"] = warm.get("compile_s")
+    record["cold_phases_s"] = cold.get("compile_phases_s")
     for key in (
         "e2e_us",
         "e2e_us_median",
@@ -1308,6 +1321,7 @@ def markdown(report: dict[str, Any]) -> str:
             )
             lines.append(f"| {row['workload']} | {cells} |")
     lines += _cuda_tables(report)
+    lines += _compile_phase_lines(records)
     lines += [
         "",
         "- modes: " + "; ".join(f"`{k}` = {v}" for k, v in meta["modes"].items()) + ".",
@@ -1367,6 +1381,45 @@ def markdown(report: dict[str, Any]) -> str:
                     f"- {r['workload']} / {r['mode']}: the warm compile did not hit the FX graph cache"
                 )
     return "\n".join(lines) + "\n"
+
+
+def compile_phase_gaps(
+    ours: dict[str, float], python: dict[str, float], *, min_gap_s: float = 0.2
+) -> list[tuple[str, float, float]]:
+    """The phases whose cold-compile seconds differ by at least `min_gap_s`
+    between ours and the Python wrapper: (phase, ours, python), the widest
+    gap first."""
+    gaps = [
+        (key, ours.get(key, 0.0), python.get(key, 0.0))
+        for key in sorted(ours.keys() | python.keys())
+    ]
+    gaps = [g for g in gaps if abs(g[1] - g[2]) >= min_gap_s]
+    return sorted(gaps, key=lambda g: -abs(g[1] - g[2]))
+
+
+def _compile_phase_lines(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Where ours' cold compile differs from the Python wrapper's, by phase."""
+    by_key = {(r["workload"], r["mode"]): r for r in records}
+    lines: list[str] = []
+    for r in records:
+        if r["mode"] != "cppwrap":
+            continue
+        python = by_key.get((r["workload"], "python"))
+        if not (r.get("cold_phases_s") and python and python.get("cold_phases_s")):
+            continue
+        gaps = compile_phase_gaps(r["cold_phases_s"], python["cold_phases_s"])
+        if gaps:
+            cells = "; ".join(f"{k} {o:.2f} / {p:.2f}" for k, o, p in gaps[:8])
+            lines.append(f"- {r['workload']}: {cells}")
+    if lines:
+        lines = [
+            "",
+            "Cold compile by phase, ours / Python wrapper in seconds (dynamo_timed "
+            "phases that differ by 0.2 s or more; phases nest):",
+            "",
+            *lines,
+        ]
+    return lines
 
 
 def _cuda_tables(report: dict[str, Any]) -> list[str]:

@@ -85,6 +85,10 @@ class TestBenchWorker(TestCase):
         self.assertGreater(result["e2e_us"], 0)
         self.assertGreater(result["call_us"], 0)
         self.assertGreater(result["host_probe_us"], 0)
+        # A compile in a new cache builds our module, timed as Inductor's
+        # phases are.
+        self.assertIn("CppWrapperCodeCache.load", result["compile_phases_s"])
+        self.assertIn("GraphLowering.codegen", result["compile_phases_s"])
 
     def test_a_crashed_worker_keeps_its_traceback(self) -> None:
         from unittest import mock
@@ -163,6 +167,33 @@ class TestReport(TestCase):
         self.assertNotIn("## Problems", text)
         self.assertEqual(report["meta"]["host_probe_us"], [1.5, 2.25])
         self.assertIn("took 1.50-2.25 µs in the warm processes", text)
+        self.assertNotIn("Cold compile by phase", text)
+
+    def test_cold_compile_phases_that_differ(self) -> None:
+        python, ours = self._record("python", 1.0), self._record("cppwrap", 1.0)
+        python["cold_phases_s"] = {"GraphLowering.codegen": 3.0, "gc": 0.1}
+        ours["cold_phases_s"] = {
+            "GraphLowering.codegen": 4.5,
+            "CppWrapperCodeCache.load": 0.9,
+            "gc": 0.2,
+        }
+        self.assertEqual(
+            _bench.compile_phase_gaps(ours["cold_phases_s"], python["cold_phases_s"]),
+            [
+                ("GraphLowering.codegen", 4.5, 3.0),
+                ("CppWrapperCodeCache.load", 0.9, 0.0),
+            ],
+        )
+        records = [python, ours]
+        report = {
+            "meta": _bench._meta("cpu", True, ["seed"], ["python", "cppwrap"], records),
+            "results": records,
+            "ratios": _bench.ratios(records),
+        }
+        self.assertIn(
+            "- seed: GraphLowering.codegen 4.50 / 3.00; CppWrapperCodeCache.load 0.90 / 0.00",
+            _bench.markdown(report),
+        )
 
     def test_cuda_comparisons_and_replays(self) -> None:
         records = [

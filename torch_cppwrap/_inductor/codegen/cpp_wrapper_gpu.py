@@ -46,7 +46,7 @@ from typing import Any
 
 import sympy
 import torch
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import counters, dynamo_timed
 from torch._inductor import config, ir
 from torch._inductor.codegen.common import IndentedBuffer
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SymbolicCallArg
@@ -917,7 +917,13 @@ class CppWrapperGpu(CppWrapperCpu):
             # a kernel it compiles in this process then launches through the
             # static launcher too, as one compiled in a worker does, rather
             # than through a Triton launcher built with the C compiler.
-            with config.patch(cpp_wrapper=False):
+            with (
+                config.patch(cpp_wrapper=False),
+                dynamo_timed(
+                    "CppWrapperGpu.generate_and_run_autotune_block",
+                    log_pt2_compile_event=True,
+                ),
+            ):
                 exec(compile(code, "<torch_cppwrap tuning block>", "exec"), scope)
         except Exception as e:
             raise RuntimeError(

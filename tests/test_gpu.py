@@ -475,6 +475,40 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         (said,) = logs.output
         self.assertIn("TORCH_CPPWRAP_CUDA_GRAPHS is off", said)
 
+    def test_buffers_skip_the_dispatcher(self) -> None:
+        # Kernel by kernel, the wrapper's CUDA buffers come from the caching
+        # allocator directly, as the Python wrapper's empty_strided_cuda
+        # makes them; with deterministic algorithms filling new memory, from
+        # ATen's operator, which fills them.
+        model = mlp(depth=2).cuda().eval()
+        x = torch.randn(32, 256, device="cuda")
+
+        def empty_strided_ops() -> int:
+            compiled(x)  # compiles again if Dynamo's guards ask for it
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU]
+            ) as prof:
+                self.assertEqual(compiled(x), expected, atol=1e-3, rtol=1e-3)
+            return sum(
+                e.count for e in prof.key_averages() if e.key == "aten::empty_strided"
+            )
+
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        with (
+            torch.no_grad(),
+            mock.patch.dict("os.environ", {"TORCH_CPPWRAP_CUDA_GRAPHS": "0"}),
+            config.patch(cpp_wrapper=True, fx_graph_cache=False),
+        ):
+            expected = model(x)
+            compiled, module, _ = self.compile_module(model, (x,))
+            self.assertEqual(empty_strided_ops(), 0)
+            self.assertEqual(module.cuda_graph_state(), "off")
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            try:
+                self.assertGreater(empty_strided_ops(), 0)
+            finally:
+                torch.use_deterministic_algorithms(deterministic)
+
     def test_graphs_share_one_memory_pool_and_keep_their_results(self) -> None:
         # Two models of one architecture: one graph (one module) on two sets
         # of parameters, each captured apart, their replays interleaved.

@@ -4,6 +4,7 @@
 // wrapper modules stay light to compile.
 #include "cppwrap_api.h"
 
+#include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -14,6 +15,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/Exceptions.h>
@@ -232,6 +234,42 @@ bool small_cpu_buffer(
   return true;
 }
 
+// Device buffers straight from the allocator ATen gave the last one, as the
+// Python wrapper's empty_strided_cuda makes them: no dispatcher, no
+// RecordFunction.  The allocator is learnt from a buffer made through the
+// dispatcher (the first of the process, and any made while the fast path is
+// off), so it is the one ATen's own empty_strided uses for the device type;
+// PyTorch refuses to swap a device allocator once it has allocated.  Off
+// while deterministic algorithms fill new memory, which only the ATen
+// operator does.
+std::atomic<c10::Allocator*> learnt_cuda_allocator{nullptr};
+
+bool deterministic_fill() {
+  const auto& context = at::globalContext();
+  return context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory();
+}
+
+at::Tensor empty_strided_device(
+    c10::IntArrayRef size,
+    c10::IntArrayRef stride,
+    c10::ScalarType scalar_type,
+    c10::Device device) {
+  const bool is_cuda = device.type() == c10::DeviceType::CUDA;
+  c10::Allocator* allocator = is_cuda ? learnt_cuda_allocator.load() : nullptr;
+  if (allocator != nullptr && !deterministic_fill()) {
+    // The caching allocator serves the current device.
+    c10::DeviceGuard guard(device);
+    return at::detail::empty_strided_generic(
+        size, stride, allocator, c10::DispatchKeySet(c10::DispatchKey::CUDA), scalar_type);
+  }
+  at::Tensor made = at::empty_strided(
+      size, stride, at::TensorOptions().dtype(scalar_type).device(device));
+  if (is_cuda) {
+    learnt_cuda_allocator.store(made.storage().allocator());
+  }
+  return made;
+}
+
 int empty_strided(
     int64_t ndim,
     const int64_t* sizes,
@@ -251,12 +289,8 @@ int empty_strided(
       }
       new (dst) at::Tensor(at::detail::empty_strided_cpu(size, stride, scalar_type));
     } else {
-      new (dst) at::Tensor(at::empty_strided(
-          size,
-          stride,
-          at::TensorOptions()
-              .dtype(scalar_type)
-              .device(c10::Device(device_kind, device_index))));
+      new (dst) at::Tensor(empty_strided_device(
+          size, stride, scalar_type, c10::Device(device_kind, device_index)));
     }
   });
 }

@@ -26,6 +26,16 @@ from torch_cppwrap._inductor.codecache import (
     GraphBuild,
 )
 
+# A launcher the wrapper declares and a translation unit of its own defines,
+# as a CUDA graph's Triton launchers are.
+LAUNCHER_DECLARATION = (
+    '__attribute__((visibility("hidden"))) int64_t launched(int64_t v);'
+)
+LAUNCHER_SOURCE = f"""
+#include "cppwrap_runtime.h"
+{LAUNCHER_DECLARATION[:-1]} {{ return v + 1; }}
+"""
+
 
 def no_compiler(*args: object, **kwargs: object) -> None:
     raise AssertionError("the compiler ran")
@@ -95,6 +105,48 @@ class TestCodeCache(TestCase):
         self.assertIn("Command:", str(err))
         # A failed build leaves no module behind.
         self.assertFalse(self.graph_modules())
+
+    def test_wrapper_built_early_is_linked_with_the_launchers(self) -> None:
+        # A CUDA graph's wrapper compiles while its kernels are tuned; its
+        # launchers, defined once they are, compile at the load, which links
+        # the early object instead of compiling the wrapper again.
+        import torch
+
+        wrapper = IDENTITY_SOURCE.replace(
+            "CPPWRAP_MODULE_STATE()",
+            "CPPWRAP_MODULE_STATE()\n" + LAUNCHER_DECLARATION,
+        ).replace(
+            "    cppwrap::clear_args(args);\n",
+            "    cppwrap::clear_args(args);\n    if (launched(41) != 42) return nullptr;\n",
+        ) % {"tag": "early"}
+        runs: list[str] = []
+        real_run = codecache.Build.run
+
+        def counting(build: codecache.Build, *args: object) -> Path:
+            runs.append(build.name)
+            return real_run(build, *args)
+
+        with mock.patch.object(codecache.Build, "run", counting):
+            codecache.start_wrapper_build(wrapper, "cpu")
+            module = CppWrapperCodeCache.load(wrapper, launcher_source=LAUNCHER_SOURCE)
+        x = torch.randn(2)
+        (out,) = module.call([x])
+        self.assertIs(out, x)
+        self.assertEqual(sorted(runs), ["launchers", "module", "wrapper"])
+        self.assertIsNone(codecache.take_wrapper_build(wrapper, "cpu"))
+        # The graph's directory holds both sources, for reading.
+        directory = Path(module.__cppwrap_source_dir__)
+        self.assertIn("launched(41)", (directory / "wrapper.cpp").read_text())
+        self.assertIn("v + 1", (directory / "launchers.cpp").read_text())
+
+    def test_error_of_an_early_wrapper_build_is_raised_by_the_load(self) -> None:
+        broken = IDENTITY_SOURCE % {"tag": "broken early"} + "\nthis is not C++;\n"
+        codecache.start_wrapper_build(broken, "cpu")
+        with self.assertRaises(CppWrapperCompileError) as ctx:
+            CppWrapperCodeCache.load(broken, launcher_source=LAUNCHER_SOURCE)
+        self.assertIn("this is not C++", Path(ctx.exception.source_path).read_text())
+        self.assertFalse(self.graph_modules())
+        self.assertIsNone(codecache.take_wrapper_build(broken, "cpu"))
 
     def test_concurrent_loads_build_once(self) -> None:
         source = IDENTITY_SOURCE % {"tag": "threads"}

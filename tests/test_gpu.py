@@ -24,6 +24,7 @@ from torch._inductor.utils import run_and_get_code
 
 import torch_cppwrap
 from tests.common import CppWrapperTestCase, our_wrappers_created, seed_cache
+from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codegen.cpp_wrapper_gpu import CppWrapperGpu
 from torch_cppwrap._inductor.runtime import cuda_graphs
 
@@ -67,10 +68,33 @@ class TestTritonKernels(CudaWrapperTestCase):
             torch.randn(128, 128, device="cuda"),
             torch.randn(128, 128, device="cuda"),
         )
-        (source,) = self.check(fn, (x, y), atol=1e-3, rtol=1e-4)
+        # The wrapper compiles on its own while the kernels are tuned; the
+        # launchers, defined after, compile with the module's link, which
+        # takes the wrapper's object instead of compiling it again.
+        runs: list[str] = []
+        real_run = codecache.Build.run
+
+        def counting(build: codecache.Build, *args: Any) -> Any:
+            runs.append(build.name)
+            return real_run(build, *args)
+
+        with (
+            mock.patch.object(codecache.Build, "run", counting),
+            mock.patch.object(
+                codecache, "wrapper_object", wraps=codecache.wrapper_object
+            ) as early,
+        ):
+            (source,) = self.check(fn, (x, y), atol=1e-3, rtol=1e-4)
+        early.assert_called_once()
+        self.assertEqual(
+            sorted(r for r in runs if r in ("wrapper", "launchers", "module")),
+            ["launchers", "module", "wrapper"],
+        )
+        self.assertIn("launcher_src = r'''", source)
         self.assertIn("CPPWRAP_CUDA_EMBED_CUBIN(", source)
         self.assertRegex(
-            source, r"static void launch_triton_\w+\(int32_t device, void\* stream"
+            source,
+            r"CPPWRAP_CUDA_LAUNCHER void launch_triton_\w+\(int32_t device, void\* stream",
         )
         self.assertIn("cppwrap::cuda::current_stream(0)", source)
         self.assertIn("cppwrap::cuda::DeviceGuard device_guard(0);", source)

@@ -5,6 +5,7 @@ Needs no GPU: the cubin here is a stand-in file."""
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -65,7 +66,8 @@ class TestLauncherText(TestCase):
             'CPPWRAP_CUDA_EMBED_CUBIN(cubin_triton_poi_fused_add_0, "/k.cubin");', text
         )
         self.assertIn(
-            "static void launch_triton_poi_fused_add_0(int32_t device, void* stream, "
+            "CPPWRAP_CUDA_LAUNCHER void launch_triton_poi_fused_add_0("
+            "int32_t device, void* stream, "
             "const cppwrap::Tensor& in_ptr0, const cppwrap::Tensor& in_ptr1, "
             "const cppwrap::Tensor& out_ptr0, double scale, int64_t xnumel)",
             text,
@@ -79,6 +81,16 @@ class TestLauncherText(TestCase):
         )
         # 4 warps of 32 threads.
         self.assertIn('"triton_poi_fused_add_0", 0, 128);', text)
+
+    def test_the_wrapper_declares_what_the_launchers_define(self) -> None:
+        # The wrapper compiles before the kernels are tuned: it declares each
+        # launcher from the call's argument kinds alone.
+        self.assertEqual(
+            gpu.launcher_prototype("triton_poi_fused_add_0", SIGNATURE),
+            "CPPWRAP_CUDA_LAUNCHER void launch_triton_poi_fused_add_0(int32_t, void*, "
+            "const cppwrap::Tensor&, const cppwrap::Tensor&, const cppwrap::Tensor&, "
+            "double, int64_t)",
+        )
 
     def test_scratch_is_allocated_per_program(self) -> None:
         text = gpu.render_launcher(
@@ -560,16 +572,25 @@ class TestLauncherCompiles(TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             cubin = Path(tmp) / "kernel.cubin"
             cubin.write_bytes(FAKE_CUBIN)
-            launcher = gpu.render_launcher(
-                tuned_kernel(str(cubin), shared_bytes=80 * 1024, global_scratch=32),
-                SIGNATURE,
+            # Both translation units include every runtime header, as the
+            # generated ones do: nothing they define may clash at the link.
+            includes = [f'#include "{h}"' for h in gpu.CppWrapperGpu.runtime_headers]
+            launchers = "\n".join(
+                [
+                    *includes,
+                    gpu.render_launcher(
+                        tuned_kernel(
+                            str(cubin), shared_bytes=80 * 1024, global_scratch=32
+                        ),
+                        SIGNATURE,
+                    ),
+                ]
             )
             source = "\n".join(
                 [
-                    '#include "cppwrap_runtime.h"',
-                    '#include "cppwrap_cuda.h"',
+                    *includes,
                     "CPPWRAP_MODULE_STATE()",
-                    launcher,
+                    gpu.launcher_prototype("triton_poi_fused_add_0", SIGNATURE) + ";",
                     "static PyObject* call_impl(PyObject*, PyObject*) {",
                     "  cppwrap::Tensor a, b, c;",
                     "  try {",
@@ -586,13 +607,35 @@ class TestLauncherCompiles(TestCase):
                 ]
             )
             (Path(tmp) / "wrapper.cpp").write_text(source)
+            (Path(tmp) / "launchers.cpp").write_text(launchers)
             tc = codecache.toolchain()
             wrapper = tc.wrapper_compile("cuda", "wrapper.cpp")
             self.assertIn("-D USE_CUDA", wrapper.command())
+            link = tc.link(["wrapper.o", "launchers.o"])
             # libtorch_cuda comes in through libtorch.so (see _Toolchain.link).
-            self.assertNotIn("-ltorch_cuda", tc.link(["wrapper.o"]).command())
+            self.assertNotIn("-ltorch_cuda", link.command())
             obj = wrapper.run(Path(tmp), Path(tmp) / "wrapper.cpp")
-            self.assertIn(FAKE_CUBIN, obj.read_bytes())
+            self.assertNotIn(FAKE_CUBIN, obj.read_bytes())
+            launcher_obj = tc.wrapper_compile(
+                "cuda", "launchers.cpp", name="launchers"
+            ).run(Path(tmp), Path(tmp) / "launchers.cpp")
+            self.assertIn(FAKE_CUBIN, launcher_obj.read_bytes())
+            module = link.run(Path(tmp), Path(tmp) / "wrapper.cpp")
+
+            # The wrapper's call reached the launcher's definition, which
+            # stays inside the module.
+            def defined(*flags: str) -> str:
+                return subprocess.run(
+                    ["nm", "--defined-only", *flags, str(module)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+
+            self.assertIn("launch_triton_poi_fused_add_0", defined())
+            exported = defined("-D")
+            self.assertIn("PyInit_cppwrap_graph", exported)
+            self.assertNotIn("launch_triton_poi_fused_add_0", exported)
 
     def test_module_replayed_as_a_cuda_graph_compiles(self) -> None:
         # The entry point CppWrapperGpu writes for a graph it may replay as one

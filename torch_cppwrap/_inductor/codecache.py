@@ -514,15 +514,22 @@ class _Toolchain:
         return tuple(sorted(kwargs.items()))
 
     def wrapper_compile(
-        self, device_type: str, source: str, *, precompiling: bool = False
+        self,
+        device_type: str,
+        source: str,
+        *,
+        precompiling: bool = False,
+        name: str = "wrapper",
     ) -> Build:
-        """A wrapper translation unit: light headers (ours, Python.h, the C
-        shim), no vector ISA, Inductor's wrapper optimisation level."""
+        """A wrapper translation unit (or, named "launchers", the Triton
+        launchers beside it): light headers (ours, Python.h, the C shim), no
+        vector ISA, Inductor's wrapper optimisation level."""
         definitions = DEVICE_DEFINITIONS[device_type]
         options = self._options(
             min_optimize=True, compile_only=not precompiling, precompiling=precompiling
         )
-        name = "header" if precompiling else "wrapper"
+        if precompiling:
+            name = "header"
         return Build(name, (source,), options, (str(RUNTIME_DIR),), definitions)
 
     def kernel_compile(self, source: str, *, precompiling: bool = False) -> Build:
@@ -979,6 +986,86 @@ def _quietly(work: Callable[..., object], *args: Any) -> None:
 # stay (for the compiler's messages and for reading).
 WRAPPER_SOURCE = "../wrapper.cpp"
 KERNEL_SOURCE = "../kernels.cpp"
+LAUNCHER_SOURCE = "../launchers.cpp"
+
+
+def wrapper_object(wrapper_source: str, device_type: str) -> Path:
+    """The wrapper translation unit compiled on its own, once per cache: what
+    `start_wrapper_build` builds while a CUDA graph's kernels are tuned."""
+    tc = toolchain()
+    build = tc.wrapper_compile(device_type, WRAPPER_SOURCE)
+    key = cache_key(
+        "wrapper object",
+        wrapper_source,
+        device_type,
+        _runtime_sources_digest(),
+        build.fingerprint(),
+        _compiler_version(),
+        torch.__version__,
+    )
+    directory = cache_root() / key[1:3] / key
+
+    def compile_wrapper(build_dir: Path) -> Path:
+        source = directory / Path(WRAPPER_SOURCE).name
+        write_atomic(str(source), wrapper_source, encode_utf_8=True)
+        header = wrapper_runtime_pch(tc, device_type)
+        return build.with_include_dir(header).run(build_dir, source)
+
+    what = f"the wrapper object {key[:12]}"
+    return ensure_built(directory / build.output, key, what, compile_wrapper)
+
+
+# Wrapper objects being built ahead of their graph's link, by (device type,
+# wrapper source): started by the codegen, taken by GraphBuild.build.
+_early_lock = threading.Lock()
+_early_builds: dict[tuple[str, str], concurrent.futures.Future[Path]] = {}
+
+
+def start_wrapper_build(wrapper_source: str, device_type: str) -> None:
+    """Starts compiling `wrapper_source` in the background.  A CUDA graph's
+    wrapper is final before its Triton kernels are tuned (only the launchers
+    need the tuned configs), so it compiles while they do; the graph's build
+    then compiles the launchers and links.  The build's error, if any, is
+    raised by the load that takes it (`take_wrapper_build`)."""
+    future: concurrent.futures.Future[Path] = concurrent.futures.Future()
+    with _early_lock:
+        if (
+            _early_builds.setdefault(_early_key(wrapper_source, device_type), future)
+            is not future
+        ):
+            return
+
+    def build() -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(wrapper_object(wrapper_source, device_type))
+        except BaseException as error:
+            future.set_exception(error)
+
+    # A daemon thread, as a prefetch: a process that ends meanwhile does not
+    # wait for the compiler.
+    threading.Thread(
+        target=contextvars.copy_context().run,
+        args=(build,),
+        name="torch_cppwrap-wrapper",
+        daemon=True,
+    ).start()
+
+
+def take_wrapper_build(
+    wrapper_source: str, device_type: str
+) -> concurrent.futures.Future[Path] | None:
+    """The early build of `wrapper_source`, if one was started, forgotten
+    here (a codegen that fails after starting one takes it to drop it)."""
+    with _early_lock:
+        return _early_builds.pop(_early_key(wrapper_source, device_type), None)
+
+
+def _early_key(wrapper_source: str, device_type: str) -> tuple[str, str]:
+    # Blank lines at either end are how the source sits in the module's
+    # Python literal, not part of what it compiles to.
+    return device_type, wrapper_source.strip()
 
 
 class GraphBuild:
@@ -986,31 +1073,44 @@ class GraphBuild:
     units, compiled side by side, then linked."""
 
     def __init__(
-        self, wrapper_source: str, kernel_source: str, device_type: str
+        self,
+        wrapper_source: str,
+        kernel_source: str,
+        device_type: str,
+        launcher_source: str = "",
     ) -> None:
         tc = toolchain()
         self.tc = tc
         self.device_type = device_type
         self.wrapper_source = wrapper_source
         self.kernel_source = kernel_source
+        self.launcher_source = launcher_source
+        # The wrapper's object, where the codegen started building it early;
+        # else `build` compiles it with the other units.
+        self.early_wrapper = take_wrapper_build(wrapper_source, device_type)
         self.wrapper = tc.wrapper_compile(device_type, WRAPPER_SOURCE)
         self.kernels = (
             tc.kernel_compile(KERNEL_SOURCE) if kernel_source.strip() else None
         )
-        objects = [self.wrapper.output]
-        if self.kernels is not None:
-            objects.append(self.kernels.output)
+        self.launchers = (
+            tc.wrapper_compile(device_type, LAUNCHER_SOURCE, name="launchers")
+            if launcher_source.strip()
+            else None
+        )
+        objects = [b.output for b in (self.wrapper, self.kernels, self.launchers) if b]
         self.link = tc.link(objects)
         self.runtime_digest = _runtime_sources_digest()
+        builds = (self.wrapper, self.kernels, self.launchers, self.link)
         # Precompiled headers are left out: they change how fast a module
         # builds, not what it is.
         self.key = cache_key(
             "graph",
             wrapper_source,
             kernel_source,
+            launcher_source,
             device_type,
             self.runtime_digest,
-            *(b.fingerprint() for b in (self.wrapper, self.kernels, self.link) if b),
+            *(b.fingerprint() for b in builds if b),
             _compiler_version(),
             torch.__version__,
         )
@@ -1020,20 +1120,24 @@ class GraphBuild:
     def build(self, build_dir: Path) -> Path:
         assert build_dir.parent == self.directory
         wrapper_path = self.directory / Path(WRAPPER_SOURCE).name
-        kernel_path = self.directory / Path(KERNEL_SOURCE).name
         write_atomic(str(wrapper_path), self.wrapper_source, encode_utf_8=True)
-        units: list[tuple[Callable[[], Path | None], Build, Path]] = [
-            (
-                lambda: wrapper_runtime_pch(self.tc, self.device_type),
-                self.wrapper,
-                wrapper_path,
-            )
-        ]
-        if self.kernels is not None:
-            write_atomic(str(kernel_path), self.kernel_source, encode_utf_8=True)
-            units.append(
-                (lambda: kernel_prefix_pch(self.tc), self.kernels, kernel_path)
-            )
+
+        def wrapper_header() -> Path | None:
+            return wrapper_runtime_pch(self.tc, self.device_type)
+
+        early = self.early_wrapper
+        units: list[tuple[Callable[[], Path | None], Build, Path]] = []
+        if early is None:
+            units.append((wrapper_header, self.wrapper, wrapper_path))
+        for build, source, text, header in (
+            (self.kernels, KERNEL_SOURCE, self.kernel_source, None),
+            (self.launchers, LAUNCHER_SOURCE, self.launcher_source, wrapper_header),
+        ):
+            if build is None:
+                continue
+            path = self.directory / Path(source).name
+            write_atomic(str(path), text, encode_utf_8=True)
+            units.append((header or (lambda: kernel_prefix_pch(self.tc)), build, path))
 
         def compile_unit(
             header: Callable[[], Path | None], build: Build, source: Path
@@ -1044,8 +1148,11 @@ class GraphBuild:
             max_workers=len(units), thread_name_prefix="torch_cppwrap"
         ) as pool:
             futures = [_submit(pool, compile_unit, *unit) for unit in units]
+            if early is not None:
+                # The wrapper's error first.
+                shutil.copyfile(early.result(), build_dir / self.wrapper.output)
         for future in futures:
-            future.result()  # the wrapper's error first
+            future.result()
         return self.link.run(build_dir, wrapper_path)
 
 
@@ -1082,13 +1189,15 @@ class CppWrapperCodeCache:
         kernel_source: str = "",
         *,
         device_type: str = "cpu",
+        launcher_source: str = "",
     ) -> ModuleType:
-        """Returns the extension module built from the two sources."""
+        """Returns the extension module built from the sources: the wrapper,
+        Inductor's C++ kernels and a CUDA graph's Triton launchers."""
         if device_type not in DEVICE_DEFINITIONS:
             raise NotImplementedError(
                 f"torch_cppwrap: no C++ wrapper build for {device_type!r}"
             )
-        graph = GraphBuild(wrapper_source, kernel_source, device_type)
+        graph = GraphBuild(wrapper_source, kernel_source, device_type, launcher_source)
         with cls._lock:
             module = cls.cache.get(graph.key)
         if module is not None:

@@ -1356,14 +1356,27 @@ class CppWrapperCpu(PythonWrapperCodegen):
             result.writeline(CPP_PREFIX_INCLUDE)
             result.splice(kernels)
         result.writeline("'''")
+        load_args = "wrapper_src, kernel_src"
+        launchers = self.define_launchers()
+        if launchers:
+            result.writeline("")
+            result.writeline("launcher_src = r'''")
+            result.splice(launchers)
+            result.writeline("'''")
+            load_args += ", launcher_src=launcher_src"
         result.splice(
             f"""
 
-            _module = CppWrapperCodeCache.load(wrapper_src, kernel_src, device_type={self.device!r})
+            _module = CppWrapperCodeCache.load({load_args}, device_type={self.device!r})
             _module.bind_constants(globals())
             call = _module.call
             """
         )
+
+    def define_launchers(self) -> str:
+        """The translation unit that defines the kernel launchers the wrapper
+        declares (a CUDA graph's Triton kernels); none on CPU."""
+        return ""
 
     # Python-only hooks that have no C++ counterpart here.
     def generate_reset_kernel_saved_flags(self) -> None:

@@ -11,10 +11,14 @@ is written twice: as a C++ call of the kernel's launcher,
 ``launch_<kernel>(device, stream, args...)``, and as a line of the Python
 tuning block that Inductor's ``PythonWrapperCodegen`` builds when
 ``config.triton.autotune_at_compile_time`` is set (cpp_wrapper=True sets it).
-When the body is done, the tuning block runs each kernel once on example
-inputs, which settles its config; the tuned config's cubin, entry name, shared
-memory, warps and parameter list then become the launcher's definition, above
-``call_impl``.  Nothing is generated twice, and no Python runs per call.
+The wrapper only declares each launcher, from its call's argument kinds, so
+it is final when the body is done: it starts compiling then
+(``codecache.start_wrapper_build``) while the tuning block runs each kernel
+once on example inputs, which settles its config.  The tuned config's cubin,
+entry name, shared memory, warps and parameter list then become the
+launcher's definition, in a translation unit of its own (``launcher_src``)
+that the code cache compiles and links with the wrapper's object.  Nothing is
+generated twice, and no Python runs per call.
 
 What a generated launcher looks like::
 
@@ -22,7 +26,7 @@ What a generated launcher looks like::
     static cppwrap::cuda::Kernel triton_poi_fused_add_0_kernel(
         cubin_triton_poi_fused_add_0, "triton_poi_fused_add_0", 0, 128);
 
-    static void launch_triton_poi_fused_add_0(int32_t device, void* stream,
+    CPPWRAP_CUDA_LAUNCHER void launch_triton_poi_fused_add_0(int32_t device, void* stream,
             const cppwrap::Tensor& in_ptr0, ..., int64_t xnumel) {
         const uint32_t grid_x = ((xnumel + (1024 - 1)) / (1024));
         ...
@@ -397,6 +401,19 @@ def _comment_text(text: str) -> str:
     return "// " + text.replace("'''", "' ' '").rstrip().rstrip("\\")
 
 
+def launcher_prototype(
+    name: str, call: LaunchSignature, arg_names: Sequence[str] | None = None
+) -> str:
+    """The launcher's C++ prototype: the wrapper declares it (without names),
+    the launchers' translation unit defines it.  Hidden, so that it does not
+    leave the graph's module."""
+    params = ["int32_t device", "void* stream"] if arg_names else ["int32_t", "void*"]
+    for i, kind in enumerate(call.kinds):
+        ctype = LAUNCHER_PARAM_CTYPE[kind]
+        params.append(f"{ctype} {arg_names[i]}" if arg_names else ctype)
+    return f"CPPWRAP_CUDA_LAUNCHER void launch_{name}({', '.join(params)})"
+
+
 def render_launcher(kernel: TunedKernel, call: LaunchSignature) -> str:
     """The C++ that embeds `kernel`'s cubin and defines its launcher."""
     if len(call.kinds) != len(kernel.launcher_args):
@@ -420,10 +437,7 @@ def render_launcher(kernel: TunedKernel, call: LaunchSignature) -> str:
         f"static cppwrap::cuda::Kernel {kernel_var}({cubin_symbol}, "
         f"{spell.string_literal(kernel.entry)}, {kernel.shared_bytes}, {32 * kernel.num_warps});"
     )
-    params = ["int32_t device", "void* stream"] + [
-        f"{LAUNCHER_PARAM_CTYPE[kind]} {name}" for name, kind in kinds.items()
-    ]
-    code.writeline(f"static void launch_{kernel.name}({', '.join(params)}) {{")
+    code.writeline(f"{launcher_prototype(kernel.name, call, kernel.launcher_args)} {{")
     with code.indent():
         for line in kernel.grid_prefix:
             code.writeline(line)
@@ -716,12 +730,6 @@ class CppWrapperGpu(CppWrapperCpu):
             'CPPWRAP_CUDA_DEFINE_GRAPH_MODULE("Inductor graph compiled by torch_cppwrap")',
         ]
 
-    def generate_end(self, result: IndentedBuffer) -> None:
-        super().generate_end(result)
-        # Kept in the module, so that a graph loaded from the FX graph cache
-        # still says why it is not replayed.
-        result.writeline(f"cuda_graph_blocker = {self.cuda_graph_blocker!r}")
-
     def write_get_raw_stream(self, device_idx: int, graph_name: str) -> str:
         # Memoised per (device, graph) by PythonWrapperCodegen.__init__.
         name = f"stream{device_idx}"
@@ -890,8 +898,52 @@ class CppWrapperGpu(CppWrapperCpu):
         return f"_cppwrap_autotune_input_{idx}"
 
     def generate_and_run_autotune_block(self) -> None:
+        """Declares each kernel's launcher.  The tuning block runs later, in
+        `define_launchers`: only the launchers' definitions need the configs
+        it settles on, so the wrapper, final by then, compiles while it runs."""
+        if self.launch_signatures:
+            self.header.writeline("")
+        for name, signature in self.launch_signatures.items():
+            self.header.writeline(f"{launcher_prototype(name, signature)};")
+
+    def generate_end(self, result: IndentedBuffer) -> None:
+        # What `result` holds after the module's Python imports is the
+        # wrapper's C++ source, complete (the value of `wrapper_src`).
+        imports, text = self.imports.getvalue(), result.getvalue()
+        early = bool(self.launch_signatures) and text.startswith(imports)
+        wrapper_source = text[len(imports) :]
+        if early:
+            codecache.start_wrapper_build(wrapper_source, self.device)
+        try:
+            super().generate_end(result)
+        except BaseException:
+            if early:  # the tuning failed: nothing will take the build
+                codecache.take_wrapper_build(wrapper_source, self.device)
+            raise
+        # Kept in the module, so that a graph loaded from the FX graph cache
+        # still says why it is not replayed.
+        result.writeline(f"cuda_graph_blocker = {self.cuda_graph_blocker!r}")
+
+    def define_launchers(self) -> str:
         """Runs Inductor's tuning block, then defines each kernel's launcher
         from the config it settled on."""
+        if not self.launch_signatures:
+            return ""
+        scope = self._run_tuning_block()
+        code = IndentedBuffer()
+        code.writeline(
+            "// Triton kernel launchers of a graph compiled by torch_cppwrap."
+        )
+        for header in self.runtime_headers:
+            code.writeline(f'#include "{header}"')
+        for name, signature in self.launch_signatures.items():
+            tuned = tuned_kernel_from_autotuner(name, scope[name])
+            code.splice("\n" + render_launcher(tuned, signature))
+        return code.getvalue()
+
+    def _run_tuning_block(self) -> dict[str, Any]:
+        """Runs Inductor's tuning block (each kernel compiled and run once on
+        example inputs); returns its namespace, the kernels' autotuners."""
         self.kernel_autotune_defs.splice(
             """
             async_compile.wait(globals())
@@ -920,7 +972,7 @@ class CppWrapperGpu(CppWrapperCpu):
             with (
                 config.patch(cpp_wrapper=False),
                 dynamo_timed(
-                    "CppWrapperGpu.generate_and_run_autotune_block",
+                    "CppWrapperGpu.run_tuning_block",
                     log_pt2_compile_event=True,
                 ),
             ):
@@ -929,9 +981,7 @@ class CppWrapperGpu(CppWrapperCpu):
             raise RuntimeError(
                 f"torch_cppwrap: compiling and tuning the graph's Triton kernels failed: {e}"
             ) from e
-        for name, signature in self.launch_signatures.items():
-            tuned = tuned_kernel_from_autotuner(name, scope[name])
-            self.header.splice("\n" + render_launcher(tuned, signature))
+        return scope
 
     # ------------------------------------------------------------------
     # extern kernels and fallbacks through the CUDA C shim

@@ -34,6 +34,10 @@ aoti_torch_get_current_cuda_stream(int32_t device_index, void** ret_stream);
 }
 #endif
 
+// A Triton kernel's launcher: defined in the graph's launchers translation
+// unit, called from its wrapper, seen by nothing outside the module.
+#define CPPWRAP_CUDA_LAUNCHER __attribute__((visibility("hidden")))
+
 // Embeds the file at `path` (a string literal) in the module as the byte array
 // `symbol`, with a terminating zero byte; the file is read by the assembler
 // when the module is built, so the built module needs no file at run time.

@@ -34,6 +34,27 @@ class TestSeedExample(CppWrapperTestCase):
         self.assertLess(body.index("arg0_1.reset();"), body.index("out0 = "))
         self.assertIn("cppwrap::GilRelease nogil;", body)
 
+    def test_launchers_of_their_own_are_built_with_the_module(self) -> None:
+        # The way a CUDA graph's Triton launchers take (defined once the
+        # kernels are tuned, CppWrapperGpu.define_launchers), run on CPU: the
+        # module hands launcher_src to the code cache, which builds it beside
+        # the wrapper.
+        launchers = (
+            '#include "cppwrap_runtime.h"\n'
+            '__attribute__((visibility("hidden"))) int cpu_probe_launcher() '
+            "{ return 7; }\n"
+        )
+
+        def fn(x):
+            return x.sin() + 1
+
+        with mock.patch.object(
+            CppWrapperCpu, "define_launchers", lambda self: launchers
+        ):
+            (source,) = self.check(fn, (torch.randn(8),))
+        self.assertIn("launcher_source=launcher_src", source)
+        self.assertIn("cpu_probe_launcher", source)
+
 
 class TestFallbacks(CppWrapperTestCase):
     def test_fallback_with_c_shim(self) -> None:

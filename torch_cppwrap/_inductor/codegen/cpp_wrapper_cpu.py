@@ -1363,7 +1363,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
             result.writeline("launcher_src = r'''")
             result.splice(launchers)
             result.writeline("'''")
-            load_args += ", launcher_src=launcher_src"
+            load_args += ", launcher_source=launcher_src"
         result.splice(
             f"""
 

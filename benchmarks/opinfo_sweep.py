@@ -330,7 +330,7 @@ def run_sample(
     finally:
         torch._dynamo.reset()
 
-    ours = sum('#include "cppwrap_runtime.h"' in s for s in sources)
+    ours = sum("from torch_cppwrap._inductor.codecache import" in s for s in sources)
     record: dict[str, Any] = {
         "graphs": len(sources),
         "ours_graphs": ours,

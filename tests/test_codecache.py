@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -147,6 +148,28 @@ class TestCodeCache(TestCase):
         self.assertIn("this is not C++", Path(ctx.exception.source_path).read_text())
         self.assertFalse(self.graph_modules())
         self.assertIsNone(codecache.take_wrapper_build(broken, "cpu"))
+
+    def test_each_devices_wrapper_header_is_precompiled_and_used(self) -> None:
+        # A wrapper unit starts with its device's header, whose precompiled
+        # form gcc then reads instead of parsing the headers ("!" in -H's
+        # list); on CUDA that header takes in the CUDA C shim's declarations.
+        tc = codecache.toolchain()
+        for device_type, header in codecache.WRAPPER_HEADERS.items():
+            with self.subTest(device_type), tempfile.TemporaryDirectory() as tmp:
+                pch = codecache.wrapper_runtime_pch(tc, device_type)
+                assert pch is not None
+                Path(tmp, "unit.cpp").write_text(f'#include "{header}"\n')
+                build = tc.wrapper_compile(device_type, "unit.cpp").with_include_dir(
+                    pch
+                )
+                listed = subprocess.run(
+                    [*shlex.split(build.command()), "-H"],
+                    cwd=tmp,
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stderr
+                self.assertIn(f"! {pch / header}.gch", listed)
 
     def test_concurrent_loads_build_once(self) -> None:
         source = IDENTITY_SOURCE % {"tag": "threads"}

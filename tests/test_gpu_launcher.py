@@ -574,7 +574,7 @@ class TestLauncherCompiles(TestCase):
             cubin.write_bytes(FAKE_CUBIN)
             # Both translation units include every runtime header, as the
             # generated ones do: nothing they define may clash at the link.
-            includes = [f'#include "{h}"' for h in gpu.CppWrapperGpu.runtime_headers]
+            includes = [f'#include "{codecache.WRAPPER_HEADERS["cuda"]}"']
             launchers = "\n".join(
                 [
                     *includes,
@@ -704,7 +704,7 @@ class TestLauncherCompiles(TestCase):
             )
             source = "\n".join(
                 [
-                    *(f'#include "{h}"' for h in gpu.CppWrapperGpu.runtime_headers),
+                    f'#include "{codecache.WRAPPER_HEADERS["cuda"]}"',
                     "CPPWRAP_MODULE_STATE()",
                     *opening,
                     "  if (!cppwrap::check_args(args, 3)) return nullptr;",

@@ -6,8 +6,9 @@ so that ``TORCHINDUCTOR_CACHE_DIR`` moves it and
 
 * ``runtime/<key>/``: the runtime extension (``runtime/cppwrap_runtime_ext.cpp``),
   the one translation unit compiled against libtorch's headers;
-* ``pch/<key>/``: precompiled headers, ``cppwrap_runtime.h`` for wrapper
-  translation units and Inductor's ``cpp_prefix.h`` for kernel ones;
+* ``pch/<key>/``: precompiled headers, the device's wrapper header
+  (``WRAPPER_HEADERS``) for wrapper translation units and Inductor's
+  ``cpp_prefix.h`` for kernel ones;
 * ``<key[1:3]>/<key>/``: one graph's module, beside its sources;
 * ``build-env/<stamp>.json``: what cpp_builder's options came to (compile
   commands, the compiler's version) in one build environment, so that a
@@ -87,6 +88,15 @@ RUNTIME_HEADERS = (
     "cppwrap_cuda_graph.h",
 )
 RUNTIME_SOURCE = RUNTIME_DIR / "cppwrap_runtime_ext.cpp"
+# The header that heads every wrapper translation unit of a device, first, so
+# that its precompiled form stands in for it: the runtime's, and for CUDA the
+# CUDA graph header, which includes the CUDA header (with the CUDA C shim's
+# declarations, most of what a CUDA unit parsed beyond the runtime's) and the
+# runtime's.
+WRAPPER_HEADERS: dict[str, str] = {
+    "cpu": "cppwrap_runtime.h",
+    "cuda": "cppwrap_cuda_graph.h",
+}
 CPP_PREFIX_INCLUDE = "torch/csrc/inductor/cpp_prefix.h"
 
 # What a wrapper module adds to cpp_builder's CPU options, by device: the
@@ -878,12 +888,14 @@ def kernel_prefix_pch(tc: _Toolchain, *, install: bool = False) -> Path | None:
 def wrapper_runtime_pch(
     tc: _Toolchain, device_type: str, *, install: bool = False
 ) -> Path | None:
-    """cppwrap_runtime.h (with Python.h and the C shim), which heads every
-    wrapper translation unit: nearly all of its compile time."""
+    """The device's wrapper header (`WRAPPER_HEADERS`: the runtime's, with
+    Python.h and the C shim), which heads every wrapper translation unit:
+    nearly all of its compile time."""
+    header = WRAPPER_HEADERS[device_type]
     return precompiled_header_dir(
-        RUNTIME_DIR / "cppwrap_runtime.h",
-        "cppwrap_runtime.h",
-        tc.wrapper_compile(device_type, "cppwrap_runtime.h", precompiling=True),
+        RUNTIME_DIR / header,
+        header,
+        tc.wrapper_compile(device_type, header, precompiling=True),
         _runtime_sources_digest(),
         install=install,
     )

@@ -497,7 +497,6 @@ class CppWrapperGpu(CppWrapperCpu):
         "// launches the graph's kernels on the current CUDA stream with the GIL\n"
         "// released, and returns its outputs."
     )
-    runtime_headers = ("cppwrap_runtime.h", "cppwrap_cuda.h", "cppwrap_cuda_graph.h")
     uses_triton_tuning = True
 
     # ------------------------------------------------------------------
@@ -934,8 +933,7 @@ class CppWrapperGpu(CppWrapperCpu):
         code.writeline(
             "// Triton kernel launchers of a graph compiled by torch_cppwrap."
         )
-        for header in self.runtime_headers:
-            code.writeline(f'#include "{header}"')
+        code.writeline(f'#include "{self.runtime_header}"')
         for name, signature in self.launch_signatures.items():
             tuned = tuned_kernel_from_autotuner(name, scope[name])
             code.splice("\n" + render_launcher(tuned, signature))

@@ -92,6 +92,14 @@ class TestLauncherText(TestCase):
             "double, int64_t)",
         )
 
+    def test_a_kernel_without_arguments_still_names_device_and_stream(self) -> None:
+        bare = gpu.LaunchSignature("triton_poi_fused_add_0", ())
+        self.assertEqual(
+            gpu.launcher_prototype("triton_poi_fused_add_0", bare, ()),
+            "CPPWRAP_CUDA_LAUNCHER void launch_triton_poi_fused_add_0("
+            "int32_t device, void* stream)",
+        )
+
     def test_scratch_is_allocated_per_program(self) -> None:
         text = gpu.render_launcher(
             tuned_kernel("/k.cubin", global_scratch=64), SIGNATURE

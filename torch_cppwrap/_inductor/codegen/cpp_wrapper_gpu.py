@@ -407,10 +407,13 @@ def launcher_prototype(
     """The launcher's C++ prototype: the wrapper declares it (without names),
     the launchers' translation unit defines it.  Hidden, so that it does not
     leave the graph's module."""
-    params = ["int32_t device", "void* stream"] if arg_names else ["int32_t", "void*"]
-    for i, kind in enumerate(call.kinds):
-        ctype = LAUNCHER_PARAM_CTYPE[kind]
-        params.append(f"{ctype} {arg_names[i]}" if arg_names else ctype)
+    ctypes = [LAUNCHER_PARAM_CTYPE[kind] for kind in call.kinds]
+    if arg_names is None:
+        params = ["int32_t", "void*", *ctypes]
+    else:
+        params = ["int32_t device", "void* stream"] + [
+            f"{ctype} {name}" for ctype, name in zip(ctypes, arg_names, strict=True)
+        ]
     return f"CPPWRAP_CUDA_LAUNCHER void launch_{name}({', '.join(params)})"
 
 

@@ -249,6 +249,9 @@ class TestCodeCache(TestCase):
             {"triton.store_cubin": True, "triton.autotune_at_compile_time": True}
         ):
             built = CppWrapperCodeCache.load(source)
+            # What a process's first compile records of the runtime extension,
+            # which this process may have loaded in an earlier test.
+            codecache.RuntimeExtension.artefact()
         CppWrapperCodeCache.cache_clear()
         codecache._BuildMemo._entries.clear()  # as in a new process
 

@@ -1137,19 +1137,22 @@ class GraphBuild:
         def wrapper_header() -> Path | None:
             return wrapper_runtime_pch(self.tc, self.device_type)
 
+        def kernel_header() -> Path | None:
+            return kernel_prefix_pch(self.tc)
+
         early = self.early_wrapper
         units: list[tuple[Callable[[], Path | None], Build, Path]] = []
         if early is None:
             units.append((wrapper_header, self.wrapper, wrapper_path))
         for build, source, text, header in (
-            (self.kernels, KERNEL_SOURCE, self.kernel_source, None),
+            (self.kernels, KERNEL_SOURCE, self.kernel_source, kernel_header),
             (self.launchers, LAUNCHER_SOURCE, self.launcher_source, wrapper_header),
         ):
             if build is None:
                 continue
             path = self.directory / Path(source).name
             write_atomic(str(path), text, encode_utf_8=True)
-            units.append((header or (lambda: kernel_prefix_pch(self.tc)), build, path))
+            units.append((header, build, path))
 
         def compile_unit(
             header: Callable[[], Path | None], build: Build, source: Path

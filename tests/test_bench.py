@@ -88,6 +88,9 @@ class TestBenchWorker(TestCase):
         # A compile in a new cache builds our module, timed as Inductor's
         # phases are.
         self.assertIn("CppWrapperCodeCache.load", result["compile_phases_s"])
+        # ... and split into its steps: the translation units, here the
+        # wrapper and the C++ kernels.
+        self.assertIn("GraphBuild.compile_units", result["compile_phases_s"])
         self.assertIn("GraphLowering.codegen", result["compile_phases_s"])
 
     def test_a_crashed_worker_keeps_its_traceback(self) -> None:

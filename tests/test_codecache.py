@@ -32,10 +32,7 @@ from torch_cppwrap._inductor.codecache import (
 LAUNCHER_DECLARATION = (
     '__attribute__((visibility("hidden"))) int64_t launched(int64_t v);'
 )
-LAUNCHER_SOURCE = f"""
-#include "cppwrap_runtime.h"
-{LAUNCHER_DECLARATION[:-1]} {{ return v + 1; }}
-"""
+LAUNCHER = f"{LAUNCHER_DECLARATION[:-1]} {{ return v + 1; }}"
 
 
 def no_compiler(*args: object, **kwargs: object) -> None:
@@ -129,7 +126,7 @@ class TestCodeCache(TestCase):
 
         with mock.patch.object(codecache.Build, "run", counting):
             codecache.start_wrapper_build(wrapper, "cpu")
-            module = CppWrapperCodeCache.load(wrapper, launcher_source=LAUNCHER_SOURCE)
+            module = CppWrapperCodeCache.load(wrapper, launchers=[LAUNCHER])
         x = torch.randn(2)
         (out,) = module.call([x])
         self.assertIs(out, x)
@@ -140,11 +137,59 @@ class TestCodeCache(TestCase):
         self.assertIn("launched(41)", (directory / "wrapper.cpp").read_text())
         self.assertIn("v + 1", (directory / "launchers.cpp").read_text())
 
+    def test_launchers_compile_in_units_side_by_side(self) -> None:
+        # A graph's launchers are all that compiles after its kernels are
+        # tuned: they split into units of LAUNCHERS_PER_UNIT or more, one
+        # per compile thread at most, each starting with the device's header.
+        import torch
+
+        per_unit = codecache.LAUNCHERS_PER_UNIT
+        others = [
+            f'__attribute__((visibility("hidden"))) int other_{i}() {{ return {i}; }}'
+            for i in range(3 * per_unit - 1)
+        ]
+        with inductor_config.patch(compile_threads=4):
+            for count, units in ((1, 1), (per_unit, 1), (2 * per_unit, 2)):
+                self.assertEqual(
+                    len(codecache.launcher_units(others[:count], "cpu")), units
+                )
+            wrapper = IDENTITY_SOURCE.replace(
+                "CPPWRAP_MODULE_STATE()",
+                "CPPWRAP_MODULE_STATE()\n" + LAUNCHER_DECLARATION,
+            ).replace(
+                "    cppwrap::clear_args(args);\n",
+                "    cppwrap::clear_args(args);\n    if (launched(1) != 2) return nullptr;\n",
+            ) % {"tag": "units"}
+            runs: list[str] = []
+            real_run = codecache.Build.run
+
+            def counting(build: codecache.Build, *args: object) -> Path:
+                runs.append(build.name)
+                return real_run(build, *args)
+
+            with mock.patch.object(codecache.Build, "run", counting):
+                module = CppWrapperCodeCache.load(
+                    wrapper, launchers=[*others, LAUNCHER]
+                )
+        x = torch.randn(2)
+        (out,) = module.call([x])
+        self.assertIs(out, x)
+        self.assertEqual(
+            sorted(runs),
+            ["launchers_0", "launchers_1", "launchers_2", "module", "wrapper"],
+        )
+        directory = Path(module.__cppwrap_source_dir__)
+        texts = [(directory / f"launchers_{i}.cpp").read_text() for i in range(3)]
+        for text in texts:
+            self.assertTrue(text.startswith('#include "cppwrap_runtime.h"\n'), text)
+        self.assertEqual(sum(t.count("int other_") for t in texts), len(others))
+        self.assertIn("v + 1", texts[-1])
+
     def test_error_of_an_early_wrapper_build_is_raised_by_the_load(self) -> None:
         broken = IDENTITY_SOURCE % {"tag": "broken early"} + "\nthis is not C++;\n"
         codecache.start_wrapper_build(broken, "cpu")
         with self.assertRaises(CppWrapperCompileError) as ctx:
-            CppWrapperCodeCache.load(broken, launcher_source=LAUNCHER_SOURCE)
+            CppWrapperCodeCache.load(broken, launchers=[LAUNCHER])
         self.assertIn("this is not C++", Path(ctx.exception.source_path).read_text())
         self.assertFalse(self.graph_modules())
         self.assertIsNone(codecache.take_wrapper_build(broken, "cpu"))

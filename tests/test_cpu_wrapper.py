@@ -37,13 +37,12 @@ class TestSeedExample(CppWrapperTestCase):
     def test_launchers_of_their_own_are_built_with_the_module(self) -> None:
         # The way a CUDA graph's Triton launchers take (defined once the
         # kernels are tuned, CppWrapperGpu.define_launchers), run on CPU: the
-        # module hands launcher_src to the code cache, which builds it beside
-        # the wrapper.
-        launchers = (
-            '#include "cppwrap_runtime.h"\n'
+        # module hands launcher_src (one literal a launcher) to the code
+        # cache, which builds it beside the wrapper.
+        launchers = [
             '__attribute__((visibility("hidden"))) int cpu_probe_launcher() '
             "{ return 7; }\n"
-        )
+        ]
 
         def fn(x):
             return x.sin() + 1
@@ -52,7 +51,7 @@ class TestSeedExample(CppWrapperTestCase):
             CppWrapperCpu, "define_launchers", lambda self: launchers
         ):
             (source,) = self.check(fn, (torch.randn(8),))
-        self.assertIn("launcher_source=launcher_src", source)
+        self.assertIn("launchers=launcher_src", source)
         self.assertIn("cpu_probe_launcher", source)
 
 

@@ -90,7 +90,7 @@ class TestTritonKernels(CudaWrapperTestCase):
             sorted(r for r in runs if r in ("wrapper", "launchers", "module")),
             ["launchers", "module", "wrapper"],
         )
-        self.assertIn("launcher_src = r'''", source)
+        self.assertIn("launcher_src = [\nr'''", source)
         self.assertIn("CPPWRAP_CUDA_EMBED_CUBIN(", source)
         self.assertRegex(
             source,

@@ -926,7 +926,8 @@ def prepare_runtime(device_type: str = "cpu", *, install: bool = False) -> None:
         # these headers, recorded with the installation: a compile in a new
         # cache then runs the compiler without working out cpp_builder's
         # options first.
-        compiles = [(tc.wrapper_compile(device_type, WRAPPER_SOURCE), wrapper_pch)]
+        wrapper = tc.wrapper_compile(device_type, WRAPPER_SOURCE)
+        compiles = [(wrapper, wrapper_pch)]
         if device_type == "cpu":
             compiles.append((tc.kernel_compile(KERNEL_SOURCE), kernel_pch))
         objects = [build.output for build, _ in compiles]
@@ -934,6 +935,16 @@ def prepare_runtime(device_type: str = "cpu", *, install: bool = False) -> None:
         links = [
             (tc.link(objects[:count]), None) for count in range(1, len(objects) + 1)
         ]
+        if device_type == "cuda":
+            # A CUDA graph's wrapper links with its launchers' units.
+            for count in range(1, (inductor_config.compile_threads or 1) + 1):
+                units = [
+                    tc.wrapper_compile(device_type, f"../{name}.cpp", name=name)
+                    for name in _launcher_unit_names(count)
+                ]
+                compiles.extend((unit, wrapper_pch) for unit in units)
+                outputs = [wrapper.output, *(unit.output for unit in units)]
+                links.append((tc.link(outputs), None))
         for build, header in [*compiles, *links]:
             build.fingerprint()
             build.with_include_dir(header).command()
@@ -998,7 +1009,34 @@ def _quietly(work: Callable[..., object], *args: Any) -> None:
 # stay (for the compiler's messages and for reading).
 WRAPPER_SOURCE = "../wrapper.cpp"
 KERNEL_SOURCE = "../kernels.cpp"
-LAUNCHER_SOURCE = "../launchers.cpp"
+
+# Launchers per translation unit, at the least.  A unit's fixed cost (reading
+# the precompiled header, about 0.2 s) is that of some twenty launchers, so a
+# graph's launchers compile side by side in units of this many or more, one
+# per compile thread at most (see `launcher_units`).
+LAUNCHERS_PER_UNIT = 8
+
+
+def launcher_units(launchers: Sequence[str], device_type: str) -> list[str]:
+    """The translation units that compile a graph's kernel launchers (each
+    launcher's definition, as CppWrapperGpu.define_launchers made it), side
+    by side: after the kernels are tuned, they are all of the graph's build
+    but its link.  Each unit begins with the device's wrapper header, whose
+    precompiled form it reads."""
+    if not launchers:
+        return []
+    threads = inductor_config.compile_threads or 1
+    count = max(1, min(len(launchers) // LAUNCHERS_PER_UNIT, threads))
+    size = -(-len(launchers) // count)
+    head = f'#include "{WRAPPER_HEADERS[device_type]}"\n'
+    return [
+        head + "\n".join(launchers[start : start + size])
+        for start in range(0, len(launchers), size)
+    ]
+
+
+def _launcher_unit_names(count: int) -> list[str]:
+    return ["launchers"] if count == 1 else [f"launchers_{i}" for i in range(count)]
 
 
 def wrapper_object(wrapper_source: str, device_type: str) -> Path:
@@ -1089,14 +1127,14 @@ class GraphBuild:
         wrapper_source: str,
         kernel_source: str,
         device_type: str,
-        launcher_source: str = "",
+        launchers: Sequence[str] = (),
     ) -> None:
         tc = toolchain()
         self.tc = tc
         self.device_type = device_type
         self.wrapper_source = wrapper_source
         self.kernel_source = kernel_source
-        self.launcher_source = launcher_source
+        self.launcher_units = launcher_units(launchers, device_type)
         # The wrapper's object, where the codegen started building it early;
         # else `build` compiles it with the other units.
         self.early_wrapper = take_wrapper_build(wrapper_source, device_type)
@@ -1104,22 +1142,21 @@ class GraphBuild:
         self.kernels = (
             tc.kernel_compile(KERNEL_SOURCE) if kernel_source.strip() else None
         )
-        self.launchers = (
-            tc.wrapper_compile(device_type, LAUNCHER_SOURCE, name="launchers")
-            if launcher_source.strip()
-            else None
-        )
-        objects = [b.output for b in (self.wrapper, self.kernels, self.launchers) if b]
-        self.link = tc.link(objects)
+        self.launchers = [
+            tc.wrapper_compile(device_type, f"../{name}.cpp", name=name)
+            for name in _launcher_unit_names(len(self.launcher_units))
+        ]
+        builds = [self.wrapper, self.kernels, *self.launchers]
+        self.link = tc.link([b.output for b in builds if b])
+        builds.append(self.link)
         self.runtime_digest = _runtime_sources_digest()
-        builds = (self.wrapper, self.kernels, self.launchers, self.link)
         # Precompiled headers are left out: they change how fast a module
         # builds, not what it is.
         self.key = cache_key(
             "graph",
             wrapper_source,
             kernel_source,
-            launcher_source,
+            *self.launcher_units,
             device_type,
             self.runtime_digest,
             *(b.fingerprint() for b in builds if b),
@@ -1144,13 +1181,17 @@ class GraphBuild:
         units: list[tuple[Callable[[], Path | None], Build, Path]] = []
         if early is None:
             units.append((wrapper_header, self.wrapper, wrapper_path))
-        for build, source, text, header in (
-            (self.kernels, KERNEL_SOURCE, self.kernel_source, kernel_header),
-            (self.launchers, LAUNCHER_SOURCE, self.launcher_source, wrapper_header),
-        ):
+        sources = [
+            (self.kernels, self.kernel_source, kernel_header),
+            *(
+                (build, text, wrapper_header)
+                for build, text in zip(self.launchers, self.launcher_units, strict=True)
+            ),
+        ]
+        for build, text, header in sources:
             if build is None:
                 continue
-            path = self.directory / Path(source).name
+            path = self.directory / Path(build.sources[0]).name
             write_atomic(str(path), text, encode_utf_8=True)
             units.append((header, build, path))
 
@@ -1210,15 +1251,16 @@ class CppWrapperCodeCache:
         kernel_source: str = "",
         *,
         device_type: str = "cpu",
-        launcher_source: str = "",
+        launchers: Sequence[str] = (),
     ) -> ModuleType:
         """Returns the extension module built from the sources: the wrapper,
-        Inductor's C++ kernels and a CUDA graph's Triton launchers."""
+        Inductor's C++ kernels and the definitions of a CUDA graph's Triton
+        kernel launchers (grouped into translation units here)."""
         if device_type not in DEVICE_DEFINITIONS:
             raise NotImplementedError(
                 f"torch_cppwrap: no C++ wrapper build for {device_type!r}"
             )
-        graph = GraphBuild(wrapper_source, kernel_source, device_type, launcher_source)
+        graph = GraphBuild(wrapper_source, kernel_source, device_type, launchers)
         with cls._lock:
             module = cls.cache.get(graph.key)
         if module is not None:

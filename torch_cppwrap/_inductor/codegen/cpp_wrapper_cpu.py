@@ -1365,11 +1365,16 @@ class CppWrapperCpu(PythonWrapperCodegen):
         load_args = "wrapper_src, kernel_src"
         launchers = self.define_launchers()
         if launchers:
+            # One literal a launcher: the code cache groups them into
+            # translation units that compile side by side.
             result.writeline("")
-            result.writeline("launcher_src = r'''")
-            result.splice(launchers)
-            result.writeline("'''")
-            load_args += ", launcher_source=launcher_src"
+            result.writeline("launcher_src = [")
+            for launcher in launchers:
+                result.writeline("r'''")
+                result.splice(launcher)
+                result.writeline("''',")
+            result.writeline("]")
+            load_args += ", launchers=launcher_src"
         result.splice(
             f"""
 
@@ -1379,10 +1384,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
             """
         )
 
-    def define_launchers(self) -> str:
-        """The translation unit that defines the kernel launchers the wrapper
-        declares (a CUDA graph's Triton kernels); none on CPU."""
-        return ""
+    def define_launchers(self) -> list[str]:
+        """The definition of each kernel launcher the wrapper declares (a
+        CUDA graph's Triton kernels); none on CPU."""
+        return []
 
     # Python-only hooks that have no C++ counterpart here.
     def generate_reset_kernel_saved_flags(self) -> None:

@@ -16,9 +16,9 @@ it is final when the body is done: it starts compiling then
 (``codecache.start_wrapper_build``) while the tuning block runs each kernel
 once on example inputs, which settles its config.  The tuned config's cubin,
 entry name, shared memory, warps and parameter list then become the
-launcher's definition, in a translation unit of its own (``launcher_src``)
-that the code cache compiles and links with the wrapper's object.  Nothing is
-generated twice, and no Python runs per call.
+launcher's definition (``launcher_src``, one literal each), which the code
+cache compiles in a few translation units side by side and links with the
+wrapper's object.  Nothing is generated twice, and no Python runs per call.
 
 What a generated launcher looks like::
 
@@ -926,21 +926,16 @@ class CppWrapperGpu(CppWrapperCpu):
         # still says why it is not replayed.
         result.writeline(f"cuda_graph_blocker = {self.cuda_graph_blocker!r}")
 
-    def define_launchers(self) -> str:
+    def define_launchers(self) -> list[str]:
         """Runs Inductor's tuning block, then defines each kernel's launcher
         from the config it settled on."""
         if not self.launch_signatures:
-            return ""
+            return []
         scope = self._run_tuning_block()
-        code = IndentedBuffer()
-        code.writeline(
-            "// Triton kernel launchers of a graph compiled by torch_cppwrap."
-        )
-        code.writeline(f'#include "{self.runtime_header}"')
-        for name, signature in self.launch_signatures.items():
-            tuned = tuned_kernel_from_autotuner(name, scope[name])
-            code.splice("\n" + render_launcher(tuned, signature))
-        return code.getvalue()
+        return [
+            render_launcher(tuned_kernel_from_autotuner(name, scope[name]), signature)
+            for name, signature in self.launch_signatures.items()
+        ]
 
     def _run_tuning_block(self) -> dict[str, Any]:
         """Runs Inductor's tuning block (each kernel compiled and run once on

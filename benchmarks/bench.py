@@ -447,7 +447,6 @@ class PeakMemory:
             return _proc_status_mb("VmHWM") - self.base
         return _maxrss_mb() - self.base
 
-
     def segments_mb(self) -> dict[str, list[float]] | None:
         """CUDA: the caching allocator's segments, MB each, by memory pool
         ("0, 0" is the default pool; CUDA graphs' pools are the others), to

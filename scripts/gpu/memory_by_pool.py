@@ -2,12 +2,16 @@
 allocated in each memory pool ((0, 0) is the caching allocator's default
 pool; the others are CUDA graphs' pools).  Each call's result is dropped
 before the next, as bench.py does; --hold-first holds the first call's, as
-bench.py did up to 4178fe5.
+bench.py did up to 4178fe5.  --eager-first runs the model eagerly before it
+is compiled, as bench.py does (which leaves cached segments, and the default
+stream's cuBLAS workspace, in the default pool).
 
 Usage, from the repository root on a GPU machine:
 
     python scripts/gpu/memory_by_pool.py cppwrap [MODEL] [--hold-first]
+        [--eager-first]
     python scripts/gpu/memory_by_pool.py reduce-overhead [MODEL] [--hold-first]
+        [--eager-first]
 
 MODEL is a model of benchmarks/models.py (default: gpt2).
 """
@@ -35,7 +39,13 @@ def by_pool() -> dict[tuple[int, int], tuple[float, float]]:
     }
 
 
-def main(mode: str, model: str, hold_first: bool, calls: int = 6) -> None:
+def main(
+    mode: str,
+    model: str,
+    hold_first: bool,
+    eager_first: bool = False,
+    calls: int = 6,
+) -> None:
     if mode == "cppwrap":
         import torch_cppwrap  # noqa: F401
 
@@ -45,6 +55,9 @@ def main(mode: str, model: str, hold_first: bool, calls: int = 6) -> None:
 
     torch.manual_seed(0)
     fn, args = getattr(models, model)("cuda")
+    if eager_first:
+        with torch.no_grad():
+            fn(*args)
     compiled = torch.compile(fn, mode=None if mode == "cppwrap" else mode)
     held: Any = None
     with torch.no_grad():
@@ -76,4 +89,9 @@ def main(mode: str, model: str, hold_first: bool, calls: int = 6) -> None:
 
 if __name__ == "__main__":
     positional = [a for a in sys.argv[1:] if not a.startswith("--")]
-    main(positional[0], (positional[1:] or ["gpt2"])[0], "--hold-first" in sys.argv)
+    main(
+        positional[0],
+        (positional[1:] or ["gpt2"])[0],
+        "--hold-first" in sys.argv,
+        eager_first="--eager-first" in sys.argv,
+    )

@@ -707,6 +707,38 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         rise = pool_allocated() - before
         self.assertLess(rise, 2**20, f"{rise / 2**20:.1f} MiB left in the pool")
 
+    def test_warm_up_releases_what_the_default_pool_caches(self) -> None:
+        # Memory an eager run left cached in the default pool (here a 64 MiB
+        # buffer, freed) is given back before the warm-up fills the graphs'
+        # pool, so that the process never holds both; released only at the
+        # capture (torch.cuda.graph empties the cache), the first call's
+        # peak would hold the cached buffer and the warm-up's intermediates
+        # at once.
+        def cached_in_default_pool() -> int:
+            return sum(
+                s["total_size"] - s["allocated_size"]
+                for s in torch.cuda.memory_snapshot()
+                if tuple(s["segment_pool_id"]) == (0, 0)
+            )
+
+        def fn(x, w):
+            return torch.relu(x @ w) @ w + 1
+
+        x, w = (torch.randn(256, 256, device="cuda") for _ in range(2))
+        expected = fn(x, w)
+        cached = torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda")
+        del cached
+        self.assertGreaterEqual(cached_in_default_pool(), 64 * 2**20)
+        with torch.no_grad():
+            # Compiles, and makes the first call: the warm-up.
+            compiled, module, _ = self.compile_module(fn, (x, w))
+            self.assertEqual(module.cuda_graph_state(), "capture")
+            left = cached_in_default_pool()
+            out = compiled(x, w)
+        self.assertEqual(module.cuda_graph_state(), "ready")
+        self.assertEqual(out, expected, atol=1e-2, rtol=1e-2)
+        self.assertLess(left, 64 * 2**20, f"{left / 2**20:.0f} MiB left cached")
+
     def test_replays_on_one_thread_while_another_warms_up(self) -> None:
         # A warm-up runs eagerly in the memory pool where a replayed graph's
         # scratch memory lies free between replays.  While one holds the

@@ -326,7 +326,13 @@ def time_per_call(
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        n, elapsed = 1, run(1)  # the first call may still load lazily
+        # Not timed: the first calls may still load lazily, and a replayed
+        # graph (ours, reduce-overhead's) is captured on its second call,
+        # which takes milliseconds; sized from one of those, a repeat would
+        # run a call or two (the calibration below stops at once).
+        for _ in range(WARM_UP_CALLS):
+            elapsed = run(1)
+        n = 1
         # Calibrate (this is also the warm-up): grow n until a batch takes 1/5
         # of the target, then scale it up to the target.
         while elapsed < target_s / 5 and n < 10_000_000:
@@ -540,6 +546,9 @@ INSTALLED_RUNTIME_ENV = "TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"
 # A lock file for warm workers running side by side (--warm-jobs); see
 # TimingTurns.
 TIMING_LOCK_ENV = "TORCH_CPPWRAP_BENCH_TIMING_LOCK"
+
+# Calls made before time_per_call sizes its repeats.
+WARM_UP_CALLS = 3
 
 FULL = Budget(repeats=7, target_s=0.2)
 QUICK = Budget(repeats=3, target_s=0.05)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 from torch._inductor.test_case import TestCase, run_tests
 
@@ -59,6 +60,24 @@ class TestCommandLine(TestCase):
         )
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(proc.stdout.strip(), "False")
+
+
+class TestTiming(TestCase):
+    def test_slow_first_calls_do_not_size_the_repeats(self) -> None:
+        # A replayed graph's second call captures it (milliseconds); the
+        # calls after are fast.  Sized from a slow call, each repeat would
+        # time one or two calls: it must be sized from a fast one.
+        calls = 0
+
+        def fn() -> None:
+            nonlocal calls
+            calls += 1
+            if calls <= 2:
+                time.sleep(0.05)
+
+        timing = _bench.time_per_call(fn, repeats=2, target_s=0.02)
+        self.assertGreater(timing.calls_per_repeat, 100)
+        self.assertLess(timing.min_us, 1000)
 
 
 class TestBenchWorker(TestCase):

@@ -48,6 +48,20 @@ def mlp(depth: int = 8, width: int = 256) -> torch.nn.Module:
     return torch.nn.Sequential(*[Block() for _ in range(depth)])
 
 
+def pool_bytes(field: str, *, default_pool: bool = False) -> int:
+    """The caching allocator's segments' `field` ("total_size": reserved,
+    "allocated_size"), summed over our graphs' memory pools, or over the
+    default pool."""
+    pools = (
+        {(0, 0)} if default_pool else {tuple(p.id) for p in cuda_graphs._pools.values()}
+    )
+    return sum(
+        s[field]
+        for s in torch.cuda.memory_snapshot()
+        if tuple(s["segment_pool_id"]) in pools
+    )
+
+
 @requires_cuda
 class CudaWrapperTestCase(CppWrapperTestCase):
     """CppWrapperTestCase (our classes made the code, results match eager;
@@ -654,14 +668,6 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         n = 2048
         intermediate = n * n * 4  # bytes of each float32 n x n buffer
 
-        def graphs_pools_reserved() -> int:
-            pools = {tuple(p.id) for p in cuda_graphs._pools.values()}
-            return sum(
-                s["total_size"]
-                for s in torch.cuda.memory_snapshot()
-                if tuple(s["segment_pool_id"]) in pools
-            )
-
         def fn(x, w):
             y = torch.relu(x @ w)
             z = torch.sin(y @ w)
@@ -675,11 +681,11 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             torch.cuda.synchronize()
             # A graph's pool is never given back while the graph lives: what
             # it reserves at the end is the most it reserved.
-            before = graphs_pools_reserved()
+            before = pool_bytes("total_size")
             for _ in range(3):
                 out = compiled(x, w)
             torch.cuda.synchronize()
-            rise = graphs_pools_reserved() - before
+            rise = pool_bytes("total_size") - before
             self.assertEqual(module.cuda_graph_state(), "ready")
             self.assertEqual(out, fn(x, w), atol=1e-2, rtol=1e-2)
         self.assertLess(rise, intermediate, f"reserved {rise / 2**20:.0f} MiB more")
@@ -690,14 +696,6 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         # warm-up and the capture, and dropped after each: once the graph is
         # replayed, nothing of this graph but its output stays allocated in
         # the pool.
-        def pool_allocated() -> int:
-            pools = {tuple(p.id) for p in cuda_graphs._pools.values()}
-            return sum(
-                s["allocated_size"]
-                for s in torch.cuda.memory_snapshot()
-                if tuple(s["segment_pool_id"]) in pools
-            )
-
         def fn(x, w):
             return torch.relu(x @ w) @ w
 
@@ -706,7 +704,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         # No workspace left from an earlier test: this graph's warm-up makes one.
         torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.synchronize()
-        before = pool_allocated()
+        before = pool_bytes("allocated_size")
         with torch.no_grad():
             compiled, module, source = self.compile_module(fn, (x, w))
             self.assertIn("aoti_torch_cuda_mm_out", source)
@@ -716,7 +714,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             self.assertEqual(out, fn(x, w), atol=1e-2, rtol=1e-2)
             del out
         torch.cuda.synchronize()
-        rise = pool_allocated() - before
+        rise = pool_bytes("allocated_size") - before
         self.assertLess(rise, 2**20, f"{rise / 2**20:.1f} MiB left in the pool")
 
     def test_warm_up_releases_what_the_default_pool_caches(self) -> None:
@@ -727,10 +725,8 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         # peak would hold the cached buffer and the warm-up's intermediates
         # at once.
         def cached_in_default_pool() -> int:
-            return sum(
-                s["total_size"] - s["allocated_size"]
-                for s in torch.cuda.memory_snapshot()
-                if tuple(s["segment_pool_id"]) == (0, 0)
+            return pool_bytes("total_size", default_pool=True) - pool_bytes(
+                "allocated_size", default_pool=True
             )
 
         def fn(x, w):

@@ -1367,7 +1367,13 @@ def markdown(report: dict[str, Any]) -> str:
         "order); each warm time above is the fastest round's, every round is in bench.json.",
         f"- peak MB: rise of the warm process's {memory} from just before its first call "
         "(loading the cached graph included) to the end of the e2e timing (the module's "
-        "`call`, timed after it on other inputs, is left out).",
+        "`call`, timed after it on other inputs, is left out)"
+        + (
+            "; bench.json's `mem_segments_mb` lists each row's allocator segments "
+            "by memory pool at the end of the e2e timing."
+            if meta["device"] == "cuda"
+            else "."
+        ),
     ]
     probe = meta.get("host_probe_us")
     if probe:

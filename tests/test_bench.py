@@ -490,7 +490,12 @@ class TestReport(TestCase):
 
         def worker(workload, mode, phase, cache_dir, **kwargs):
             calls.append((mode, phase, cache_dir))
-            return {"compile_s": 1.0, "ok": True, "e2e_us": 3.0}
+            return {
+                "compile_s": 1.0,
+                "ok": True,
+                "e2e_us": 3.0,
+                "mem_segments_mb": {"0, 0": [2.0], "0, 1": [32.0, 20.0]},
+            }
 
         # No GPU needed: the workers are stand-ins.
         no_gpu = (
@@ -520,6 +525,9 @@ class TestReport(TestCase):
         self.assertEqual(len({d for _, _, d in calls}), 1)
         row = {r["mode"]: r for r in report["results"]}["cppwrap-no-replay"]
         self.assertEqual((row["ok"], row["cold_compile_s"]), (True, None))
+        # What a CUDA row's peak is made of is kept, and the report says where.
+        self.assertEqual(row["mem_segments_mb"], {"0, 0": [2.0], "0, 1": [32.0, 20.0]})
+        self.assertIn("`mem_segments_mb`", _bench.markdown(report))
         # Alone, it compiles cold for itself.
         calls.clear()
         with (

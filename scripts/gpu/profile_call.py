@@ -8,8 +8,9 @@ backward; the rest under no_grad):
 
 - e2e_us, e2e_sync_each_us: end to end per call, without and with a
   synchronise after each call;
-- call_us: the compiled modules' `call` alone (not for reduce-overhead, whose
-  CUDA graphs are not what `call` runs);
+- call_us: the compiled modules' `call` alone (not for reduce-overhead or
+  ours replayed, whose CUDA graphs are not what `call` on get_args()'s
+  tensors runs);
 - host_us (call_host_us for `call` alone): the host time of one call issued
   on an idle GPU (synchronise, then time the call; the median of 200).  The
   GPU then has nothing queued, so no launch waits on a full launch queue and
@@ -24,7 +25,7 @@ backward; the rest under no_grad):
   launched: what torch_cppwrap's C++ wrapper, run kernel by kernel
   (cppwrap-no-replay), should cut to a third of the Python wrapper's;
 - gpu_kernel_us: the GPU's busy time per call (kernel time from the
-  profiler), and the profiler's CPU table;
+  profiler), the profiler's CPU table and its table of GPU kernels;
 - with --kernel-ranges (torch_cppwrap's modes compiled with
   config.cpp.enable_kernel_profile, so that our wrapper opens a profiler
   range around each C-shim call and Triton launch, as the Python wrapper's
@@ -258,7 +259,11 @@ def child(
         record["host_us"] = host_time_us(step, sync)
         # CUDA graphs replay the whole graph; its module's `call` alone is not
         # what runs, so there is nothing honest to time (as in bench.py).
-        if mode.compile_mode != "reduce-overhead" and modules:
+        if (
+            mode.compile_mode != "reduce-overhead"
+            and not bench.replays_graphs(mode)
+            and modules
+        ):
             calls = [
                 bench.time_module_call(m, repeats=5, target_s=0.3, sync=sync)
                 for m in modules
@@ -310,6 +315,9 @@ def child(
         )
     table = events.table(sort_by="self_cpu_time_total", row_limit=40)
     (out / f"profile_{workload}_{mode_name}.txt").write_text(table)
+    # The GPU's side, kernel by kernel: where two modes' GPU times differ.
+    gpu_table = events.table(sort_by="self_device_time_total", row_limit=60)
+    (out / f"gpu_{workload}_{mode_name}.txt").write_text(gpu_table)
     for m in modules:
         src = getattr(m, "wrapper_src", None) or getattr(m, "cpp_wrapper_src", None)
         if src:

@@ -385,6 +385,14 @@ def wrapper_kind(module: Any) -> str:
     return "python"
 
 
+def replays_graphs(mode: Mode) -> bool:
+    """Whether the mode runs ours with CUDA graph replay on (on a GPU)."""
+    return (
+        mode.imports_torch_cppwrap
+        and ("TORCH_CPPWRAP_CUDA_GRAPHS", "0") not in mode.environ
+    )
+
+
 def time_module_call(
     module: Any, *, repeats: int, target_s: float, sync: Callable[[], None]
 ) -> Timing | None:
@@ -727,14 +735,33 @@ def _time_calls(
         result["mem_peak_mb"] = memory.peak_mb()
         result["mem_source"] = memory.source
         result["mem_segments_mb"] = memory.segments_mb()
+        if device == "cuda":
+            # Latency: each call waits for the GPU before the next one is
+            # issued, as a batch-1 server's requests do.  In e2e the host runs
+            # ahead, so a graph the GPU is slower at than the host takes the
+            # GPU's time per call whichever wrapper launched it.
+            def step_and_wait() -> None:
+                step()
+                sync()
+
+            latency = time_per_call(
+                step_and_wait, repeats=budget.repeats, target_s=budget.target_s
+            )
+            result["e2e_sync_us_median"] = latency.median_us
+            result["e2e_sync_us"] = latency.min_us
         # CUDA graphs replay the whole graph; its module's `call` alone is
-        # not what runs, so there is nothing honest to time.  A training
-        # step's graphs take indices (token ids, labels, the philox seed
-        # and offset of attention's dropout) that get_args() fills with
-        # random values, on which its kernels read out of bounds.
+        # not what runs, so there is nothing honest to time: reduce-overhead
+        # does not run `call` at all, and ours, given get_args()'s plain
+        # tensors for parameters, captures a graph that copies every one of
+        # them in before each replay, which a compiled model's calls never
+        # do.  A training step's graphs take indices (token ids, labels, the
+        # philox seed and offset of attention's dropout) that get_args()
+        # fills with random values, on which its kernels read out of bounds.
         calls = [
             None
-            if mode.compile_mode == "reduce-overhead" or spec.train
+            if mode.compile_mode == "reduce-overhead"
+            or spec.train
+            or (device == "cuda" and replays_graphs(mode))
             else time_module_call(
                 m, repeats=budget.repeats, target_s=budget.target_s, sync=sync
             )
@@ -943,6 +970,8 @@ def _merge(
     for key in (
         "e2e_us",
         "e2e_us_median",
+        "e2e_sync_us",
+        "e2e_sync_us_median",
         "call_us",
         "call_us_median",
         "mem_peak_mb",
@@ -1112,7 +1141,15 @@ def run_bench(
     return _report(device, quick, workloads, modes, records_so_far())
 
 
-TIMED = ("compile_s", "e2e_us", "e2e_us_median", "call_us", "call_us_median")
+TIMED = (
+    "compile_s",
+    "e2e_us",
+    "e2e_us_median",
+    "e2e_sync_us",
+    "e2e_sync_us_median",
+    "call_us",
+    "call_us_median",
+)
 
 
 def _best_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -1231,6 +1268,7 @@ RATIO_METRICS = (
 # wrapper.  Keys of a ratios() row: "{metric}:{mode}/{against}".
 CUDA_RATIOS = (
     ("e2e_us", "cppwrap", "reduce-overhead", "e2e ours/reduce-overhead"),
+    ("e2e_sync_us", "cppwrap", "reduce-overhead", "latency ours/reduce-overhead"),
     ("mem_peak_mb", "cppwrap", "reduce-overhead", "peak ours/reduce-overhead"),
     ("e2e_us", "cppwrap-no-replay", "python", "e2e kernel by kernel/python"),
     ("call_us", "cppwrap-no-replay", "python", "call kernel by kernel/python"),
@@ -1303,7 +1341,8 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     meta, records = report["meta"], report["results"]
-    memory = "CUDA max_memory_reserved" if meta["device"] == "cuda" else "peak RSS"
+    cuda = meta["device"] == "cuda"
+    memory = "CUDA max_memory_reserved" if cuda else "peak RSS"
     lines = [
         "# torch_cppwrap benchmark",
         "",
@@ -1312,15 +1351,18 @@ def markdown(report: dict[str, Any]) -> str:
         f"{meta['date']}{', --quick' if meta['quick'] else ''}"
         f"{'; warm processes side by side, timing in turns' if meta.get('timed_in_turns') else ''}.",
         "",
-        "| workload | mode | matches eager | cold compile s | warm compile s | e2e µs/call | `call` µs/call | peak MB |",
-        "|---|---|---|--:|--:|--:|--:|--:|",
+        "| workload | mode | matches eager | cold compile s | warm compile s | e2e µs/call "
+        + ("| latency µs/call " if cuda else "")
+        + "| `call` µs/call | peak MB |",
+        "|---|---|---|--:|--:|--:|" + ("--:|" if cuda else "") + "--:|--:|",
     ]
     for r in records:
         ok = "FAIL" if r["error"] else ("yes" if r["ok"] else "**NO**")
+        latency = f"| {_fmt(r.get('e2e_sync_us'))} " if cuda else ""
         lines.append(
             f"| {r['workload']} | {r['mode']} | {ok} | {_fmt(r['cold_compile_s'], 2)} "
-            f"| {_fmt(r['warm_compile_s'], 2)} | {_fmt(r['e2e_us'])} | {_fmt(r['call_us'])} "
-            f"| {_fmt(r['mem_peak_mb'])} |"
+            f"| {_fmt(r['warm_compile_s'], 2)} | {_fmt(r['e2e_us'])} {latency}"
+            f"| {_fmt(r['call_us'])} | {_fmt(r['mem_peak_mb'])} |"
         )
     if any(
         v is not None
@@ -1362,16 +1404,26 @@ def markdown(report: dict[str, Any]) -> str:
         f"- e2e: one call of the torch.compile'd function; `call`: the compiled Inductor module's "
         f"`call(list(args))` alone, on its `get_args()` inputs, summed over graphs. The fastest of "
         f"{meta['repeats']} repeats of ~{meta['repeat_target_s']} s each, after warm-up (medians in "
-        "bench.json); inference under torch.no_grad().",
+        "bench.json); inference under torch.no_grad()"
+        + (
+            "; latency: the same with a synchronize after each call, so that no call "
+            "is issued before the GPU has finished the last (what a batch-1 server's "
+            "request costs; in e2e the host runs ahead, and a graph that keeps the GPU "
+            "busier than the host takes the GPU's time whichever wrapper launched it); "
+            "`call` is not timed for reduce-overhead or for ours replayed, whose "
+            "replays are not the module's `call` on get_args()'s plain tensors."
+            if cuda
+            else "."
+        ),
         f"- rounds: {meta.get('rounds', 1)} (warm processes per mode, the modes in alternating "
         "order); each warm time above is the fastest round's, every round is in bench.json.",
         f"- peak MB: rise of the warm process's {memory} from just before its first call "
-        "(loading the cached graph included) to the end of the e2e timing (the module's "
-        "`call`, timed after it on other inputs, is left out)"
+        "(loading the cached graph included) to the end of the e2e timing (what is "
+        "timed after it, on the same inputs or on the module's own, is left out)"
         + (
             "; bench.json's `mem_segments_mb` lists each row's allocator segments "
             "by memory pool at the end of the e2e timing."
-            if meta["device"] == "cuda"
+            if cuda
             else "."
         ),
     ]

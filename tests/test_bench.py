@@ -81,6 +81,13 @@ class TestTiming(TestCase):
 
 
 class TestBenchWorker(TestCase):
+    def test_call_is_timed_where_it_is_what_runs(self) -> None:
+        # On a GPU, ours replayed and reduce-overhead run CUDA graphs, not the
+        # module's `call` on get_args()'s tensors; kernel by kernel, it is.
+        self.assertTrue(_bench.replays_graphs(_bench.MODES["cppwrap"]))
+        for mode in ("cppwrap-no-replay", "python", "upstream", "reduce-overhead"):
+            self.assertFalse(_bench.replays_graphs(_bench.MODES[mode]), mode)
+
     def test_seed_cppwrap_quick(self) -> None:
         with tempfile.TemporaryDirectory() as cache_dir:
             result = _bench.spawn_worker(
@@ -104,6 +111,8 @@ class TestBenchWorker(TestCase):
         self.assertGreater(result["e2e_us"], 0)
         self.assertGreater(result["call_us"], 0)
         self.assertGreater(result["host_probe_us"], 0)
+        # A synchronize after each call only means something on a GPU.
+        self.assertNotIn("e2e_sync_us", result)
         # A compile in a new cache builds our module, timed as Inductor's
         # phases are.
         self.assertIn("CppWrapperCodeCache.load", result["compile_phases_s"])
@@ -225,6 +234,9 @@ class TestReport(TestCase):
             self._record("reduce-overhead", 1.25),
         ]
         records[1]["mem_peak_mb"] = 50.0
+        # Latency (a synchronize after each call): ours 300 µs, CUDA graphs 400.
+        records[1]["e2e_sync_us"] = 300.0
+        records[3]["e2e_sync_us"] = 400.0
         records[1]["warm"] = {
             "replay": [
                 {
@@ -242,6 +254,7 @@ class TestReport(TestCase):
         self.assertAlmostEqual(row["e2e_us:cppwrap/reduce-overhead"], 0.8)
         self.assertAlmostEqual(row["mem_peak_mb:cppwrap/reduce-overhead"], 1.25)
         self.assertAlmostEqual(row["e2e_us:cppwrap-no-replay/python"], 0.5)
+        self.assertAlmostEqual(row["e2e_sync_us:cppwrap/reduce-overhead"], 0.75)
         report = {
             "meta": _bench._meta(
                 "cpu", True, ["seed"], [r["mode"] for r in records], records
@@ -250,7 +263,16 @@ class TestReport(TestCase):
             "ratios": [row],
         }
         text = _bench.markdown(report)
-        self.assertIn("| seed | 0.80 | 1.25 | 0.50 | 0.50 |", text)
+        self.assertIn("| seed | 0.80 | 0.75 | 1.25 | 0.50 | 0.50 |", text)
+        # A CPU report has no latency column; a CUDA one has, "-" where a
+        # mode has none.
+        self.assertNotIn("latency µs/call", text)
+        cuda = _bench.markdown({**report, "meta": {**report["meta"], "device": "cuda"}})
+        self.assertIn("| e2e µs/call | latency µs/call | `call` µs/call |", cuda)
+        self.assertIn(
+            "| seed | cppwrap | yes | 10.00 | 2.00 | 100.0 | 300.0 | 10.0 |", cuda
+        )
+        self.assertIn("| seed | python | yes | 40.00 | 8.00 | 400.0 | - | 40.0 |", cuda)
         self.assertIn(
             "- seed: replayed: 2 graph(s), 12, 40 replays, 1 missed; "
             "kernel by kernel: only 1 launch(es)",

@@ -59,6 +59,10 @@ if has_step profile; then
     timeout "${PROFILE_TIMEOUT:-200}" $PYTHON scripts/gpu/profile_call.py --out "$OUT/profile" \
         ${PROFILE_ARGS:-}
     echo "profile exit status: $?"
+    # Four files per model and mode: the device tool brings back at most 8
+    # files from $OUT, so they travel as one archive (profile.md stays out).
+    cp "$OUT/profile/profile.md" "$OUT/profile.md" 2>/dev/null
+    tar -czf "$OUT/profile.tar.gz" -C "$OUT" profile && rm -rf "$OUT/profile"
 fi
 
 if has_step bench; then

@@ -967,13 +967,9 @@ def _merge(
     record["cold_compile_s"] = cold.get("compile_s")
     record["warm_compile_s"] = warm.get("compile_s")
     record["cold_phases_s"] = cold.get("compile_phases_s")
+    # The warm process's times (its compile is warm_compile_s, above).
     for key in (
-        "e2e_us",
-        "e2e_us_median",
-        "e2e_sync_us",
-        "e2e_sync_us_median",
-        "call_us",
-        "call_us_median",
+        *(key for key in TIMED if key != "compile_s"),
         "mem_peak_mb",
         "mem_segments_mb",
         "graphs",

@@ -146,7 +146,10 @@ class TestUpstreamParity(CppWrapperTestCase):
         options = {
             "freezing": True,
             "max_autotune": True,
-            "max_autotune_gemm_backends": "CPP,ATEN",
+            # The template alone: with ATen beside it, autotuning may pick
+            # ATen's GEMM on one host and the template on another, and only
+            # the template drops a constant.
+            "max_autotune_gemm_backends": "CPP",
             "cpp.enable_grouped_gemm_template": True,
         }
         counters.clear()

@@ -728,10 +728,8 @@ def _time_calls(
             sync=sync,
         )
         result["e2e_us_median"], result["e2e_us"] = e2e.median_us, e2e.min_us
-        # Before anything else is timed: the latency (a step on the same
-        # inputs) adds nothing of its own, but the module's `call` runs on
-        # get_args()'s inputs, which ours kernel by kernel allocates for
-        # apart from the step's.
+        # Taken before anything else is timed: the module's `call` runs on
+        # get_args()'s inputs, another set of tensors than the step's.
         result["mem_peak_mb"] = memory.peak_mb()
         result["mem_source"] = memory.source
         result["mem_segments_mb"] = memory.segments_mb()

@@ -80,6 +80,74 @@ class TestTiming(TestCase):
         self.assertLess(timing.min_us, 1000)
 
 
+class TestCudaTiming(TestCase):
+    """_time_calls's CUDA branch with its device parts stubbed, since no
+    test runs the bench on a GPU: which rows get a latency, and which a
+    `call` time."""
+
+    def _time(self, mode: str) -> tuple[dict, list[str]]:
+        from unittest import mock
+
+        events: list[str] = []
+
+        class Memory:
+            source = "stub"
+
+            def peak_mb(self) -> float:
+                events.append("peak")
+                return 1.0
+
+            def segments_mb(self) -> dict:
+                return {}
+
+        class Module:
+            def get_args(self) -> list:
+                return []
+
+            def call(self, args: list) -> None:
+                events.append("call")
+
+        result = {"device": "cuda"}
+        with (
+            mock.patch.object(
+                _bench, "device_sync", return_value=lambda: events.append("sync")
+            ),
+            mock.patch.object(_bench, "_replay_state", return_value={}),
+        ):
+            _bench._time_calls(
+                result,
+                lambda: events.append("step"),
+                [Module()],
+                _bench.MODES[mode],
+                _bench.WORKLOADS["seed"],
+                _bench.Budget(repeats=2, target_s=0.002),
+                Memory(),
+                contextlib.nullcontext,
+            )
+        return result, events
+
+    def test_latency_waits_for_the_gpu_after_each_call(self) -> None:
+        result, events = self._time("cppwrap")
+        self.assertGreater(result["e2e_sync_us"], 0)
+        self.assertGreaterEqual(result["e2e_sync_us_median"], result["e2e_sync_us"])
+        # The peak is taken before the latency is timed; after it, every
+        # step is followed by a synchronize.
+        after_peak = events[events.index("peak") + 1 :]
+        steps = [i for i, e in enumerate(after_peak) if e == "step"]
+        self.assertGreater(len(steps), 10)
+        for i in steps:
+            self.assertEqual(after_peak[i + 1], "sync")
+        # Ours replayed: `call` on get_args()'s tensors is not what runs.
+        self.assertNotIn("call", events)
+        self.assertNotIn("call_us", result)
+
+    def test_kernel_by_kernel_times_call(self) -> None:
+        result, events = self._time("cppwrap-no-replay")
+        self.assertIn("call", events)
+        self.assertGreater(result["call_us"], 0)
+        self.assertIn("e2e_sync_us", result)
+
+
 class TestBenchWorker(TestCase):
     def test_call_is_timed_where_it_is_what_runs(self) -> None:
         # On a GPU, ours replayed and reduce-overhead run CUDA graphs, not the

@@ -393,6 +393,16 @@ def replays_graphs(mode: Mode) -> bool:
     )
 
 
+def module_call_runs(mode: Mode, device: str) -> bool:
+    """Whether the compiled module's `call` on get_args()'s tensors is what
+    the mode runs: not where CUDA graphs replay (reduce-overhead's, or ours
+    on a GPU)."""
+    return not (
+        mode.compile_mode == "reduce-overhead"
+        or (device == "cuda" and replays_graphs(mode))
+    )
+
+
 def time_module_call(
     module: Any, *, repeats: int, target_s: float, sync: Callable[[], None]
 ) -> Timing | None:
@@ -757,9 +767,7 @@ def _time_calls(
         # fills with random values, on which its kernels read out of bounds.
         calls = [
             None
-            if mode.compile_mode == "reduce-overhead"
-            or spec.train
-            or (device == "cuda" and replays_graphs(mode))
+            if spec.train or not module_call_runs(mode, device)
             else time_module_call(
                 m, repeats=budget.repeats, target_s=budget.target_s, sync=sync
             )

@@ -259,11 +259,7 @@ def child(
         record["host_us"] = host_time_us(step, sync)
         # CUDA graphs replay the whole graph; its module's `call` alone is not
         # what runs, so there is nothing honest to time (as in bench.py).
-        if (
-            mode.compile_mode != "reduce-overhead"
-            and not bench.replays_graphs(mode)
-            and modules
-        ):
+        if bench.module_call_runs(mode, "cuda") and modules:
             calls = [
                 bench.time_module_call(m, repeats=5, target_s=0.3, sync=sync)
                 for m in modules

@@ -26,6 +26,13 @@ backward; the rest under no_grad):
   (cppwrap-no-replay), should cut to a third of the Python wrapper's;
 - gpu_kernel_us: the GPU's busy time per call (kernel time from the
   profiler), the profiler's CPU table and its table of GPU kernels;
+- with --split, where a call's host time goes by layer (median of 200
+  calls, each issued on an idle GPU): host_in_graphs_us, inside Inductor's
+  compiled graphs (CompiledFxGraph.__call__, summed over a step's graphs);
+  host_in_callables_us, inside what those call (the wrapper module's `call`
+  for ours and the Python wrapper, the CUDA-graph tree for
+  reduce-overhead); host_outside_graphs_us, the rest of the step (Dynamo's
+  guards, AOTAutograd's wrappers, a training step's backward machinery);
 - with --kernel-ranges (torch_cppwrap's modes compiled with
   config.cpp.enable_kernel_profile, so that our wrapper opens a profiler
   range around each C-shim call and Triton launch, as the Python wrapper's
@@ -46,7 +53,8 @@ holds the records and profile.md a table of them (both rewritten after each
 record).
 
     python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
-        [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges]
+        [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges] \\
+        [--split] [--processes N]
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ import argparse
 import contextlib
 import gc
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -74,9 +83,13 @@ PROFILED_CALLS = 50
 TABLE_COLUMNS = (
     ("workload", "workload"),
     ("mode", "mode"),
+    ("process", "process"),
     ("e2e_us", "e2e µs"),
     ("e2e_sync_each_us", "e2e sync-each µs"),
     ("host_us", "host µs per call"),
+    ("host_outside_graphs_us", "host µs outside the graphs"),
+    ("host_in_graphs_us", "host µs in the graphs"),
+    ("host_in_callables_us", "host µs in their callables"),
     ("kernels_per_call", "kernels per call"),
     ("host_us_per_launch", "host µs per kernel"),
     ("gpu_kernel_us", "GPU kernel µs per call"),
@@ -137,6 +150,71 @@ def host_time_us(f: Callable[[], Any], sync: Callable[[], None]) -> float:
     return statistics.median(host_times_us(f, sync, HOST_REPEATS))
 
 
+def host_split_us(
+    step: Callable[[], Any], sync: Callable[[], None], calls: int
+) -> dict[str, float]:
+    """Medians over `calls` calls of `step`, each issued on an idle GPU, of
+    its host time (µs) outside Inductor's compiled graphs, inside them
+    (CompiledFxGraph.__call__), and inside what they call
+    (`current_callable`), each summed over the step's graphs.  The graphs
+    are timed by patching CompiledFxGraph.__call__ on the class and each
+    graph's current_callable; both are restored before this returns."""
+    from torch._inductor.output_code import CompiledFxGraph
+
+    spent = [0.0, 0.0]  # this call's seconds in graphs, in their callables
+    original_call = CompiledFxGraph.__call__
+    wrapped: dict[int, tuple[Any, Any]] = {}  # id -> (graph, its callable)
+
+    def timed_callable(f: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def run(inputs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return f(inputs)
+            finally:
+                spent[1] += time.perf_counter() - t0
+
+        return run
+
+    def timed_call(self: Any, inputs: Any) -> Any:
+        if id(self) not in wrapped and self.current_callable is not None:
+            wrapped[id(self)] = (self, self.current_callable)
+            self.current_callable = timed_callable(self.current_callable)
+        t0 = time.perf_counter()
+        try:
+            return original_call(self, inputs)
+        finally:
+            spent[0] += time.perf_counter() - t0
+
+    CompiledFxGraph.__call__ = timed_call  # type: ignore[method-assign]
+    total, in_graphs, in_callables = [], [], []
+    try:
+        step()  # wraps the graphs' callables, untimed
+        for _ in range(calls):
+            sync()
+            spent[0] = spent[1] = 0.0
+            t0 = time.perf_counter()
+            step()
+            total.append(time.perf_counter() - t0)
+            in_graphs.append(spent[0])
+            in_callables.append(spent[1])
+        sync()
+    finally:
+        CompiledFxGraph.__call__ = original_call  # type: ignore[method-assign]
+        for graph, f in wrapped.values():
+            graph.current_callable = f
+    median = statistics.median
+    return {
+        "host_split_step_us": median(total) * 1e6,
+        "host_outside_graphs_us": median(
+            t - g for t, g in zip(total, in_graphs, strict=True)
+        )
+        * 1e6,
+        "host_in_graphs_us": median(in_graphs) * 1e6,
+        "host_in_callables_us": median(in_callables) * 1e6,
+        "host_graph_calls_per_step": len(wrapped),
+    }
+
+
 def _launches_gpu_work(event: Any) -> bool:
     """Whether `event` or an event inside it launches work on the GPU."""
     stack = [event]
@@ -180,7 +258,11 @@ def launch_split(events: Any, calls: int) -> dict[str, float]:
 
 
 def child(
-    workload: str, mode_name: str, out: Path, kernel_ranges: bool = False
+    workload: str,
+    mode_name: str,
+    out: Path,
+    kernel_ranges: bool = False,
+    split: bool = False,
 ) -> dict[str, Any]:
     bench = load_bench()
     mode, spec = bench.MODES[mode_name], bench.WORKLOADS[workload]
@@ -257,6 +339,8 @@ def child(
         record["e2e_us"] = timed(step, False)
         record["e2e_sync_each_us"] = timed(step, True)
         record["host_us"] = host_time_us(step, sync)
+        if split:
+            record.update(host_split_us(step, sync, HOST_REPEATS))
         # CUDA graphs replay the whole graph; its module's `call` alone is not
         # what runs, so there is nothing honest to time (as in bench.py).
         if bench.module_call_runs(mode, "cuda") and modules:
@@ -300,12 +384,12 @@ def child(
     )
     record["host_us_per_launch"] = record["host_us"] / kernels if kernels else None
     if kernel_ranges:
-        split = launch_split(prof.events(), PROFILED_CALLS)
-        record.update(split)
+        launches = launch_split(prof.events(), PROFILED_CALLS)
+        record.update(launches)
         record["profiled_host_us"] = statistics.fmean(profiled_host_us)
         # Both sides of the share are taken under the profiler.
-        outside = 1.0 - split["extern_host_us_per_call"] / record["profiled_host_us"]
-        triton_launches = split["triton_launches_per_call"]
+        outside = 1.0 - launches["extern_host_us_per_call"] / record["profiled_host_us"]
+        triton_launches = launches["triton_launches_per_call"]
         record["wrapper_us_per_triton_launch"] = (
             record["host_us"] * outside / triton_launches if triton_launches else None
         )
@@ -334,6 +418,7 @@ def run_child(
     timeout_s: float,
     extra_env: dict[str, str],
     kernel_ranges: bool = False,
+    split: bool = False,
 ) -> dict[str, Any]:
     cache_dir = tempfile.mkdtemp(prefix="profile-call-inductor-")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, **extra_env)
@@ -345,6 +430,8 @@ def run_child(
     cmd = [sys.executable, __file__, "--out", str(out), "--child", workload, mode]
     if kernel_ranges:
         cmd.append("--kernel-ranges")
+    if split:
+        cmd.append("--split")
     error: dict[str, Any] = {"workload": workload, "mode": mode}
     try:
         proc = subprocess.run(
@@ -427,12 +514,27 @@ def main() -> int:
         help="compile torch_cppwrap's modes with config.cpp.enable_kernel_profile "
         "and split each call's host time between extern calls and Triton launches",
     )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="split each call's host time between Dynamo and AOTAutograd, "
+        "Inductor's compiled graphs and what those call",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="child processes per workload and mode, the modes taking turns: "
+        "hosts differ between processes of one machine",
+    )
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "MODE"))
     ns = parser.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
     if ns.child:
         workload, mode = ns.child
-        record = child(workload, mode, ns.out, kernel_ranges=ns.kernel_ranges)
+        record = child(
+            workload, mode, ns.out, kernel_ranges=ns.kernel_ranges, split=ns.split
+        )
         print("RESULT " + json.dumps(record), flush=True)
         return 0
     bench = load_bench()
@@ -454,11 +556,18 @@ def main() -> int:
     records: list[dict[str, Any]] = []
     with installation as extra_env:
         for workload in workloads:
-            for mode in modes:
-                progress(f"== {workload} / {mode}")
+            for process, mode in itertools.product(range(ns.processes), modes):
+                progress(f"== {workload} / {mode} (process {process + 1})")
                 record = run_child(
-                    workload, mode, ns.out, ns.timeout, extra_env, ns.kernel_ranges
+                    workload,
+                    mode,
+                    ns.out,
+                    ns.timeout,
+                    extra_env,
+                    ns.kernel_ranges,
+                    ns.split,
                 )
+                record["process"] = process + 1
                 print(json.dumps(record), flush=True)
                 records.append(record)
                 # After each record, so that an interrupted run keeps its rows.

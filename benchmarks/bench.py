@@ -1277,15 +1277,30 @@ CUDA_RATIOS = (
 )
 
 
+# Times per call, which move with the host's speed (compile times and memory
+# move less, or not at all).
+PER_CALL_METRICS = frozenset({"call_us", "e2e_us", "e2e_sync_us"})
+# A ratio of times per call whose two rows' warm processes found the host
+# more than this much faster or slower than each other (host_probe_us) is
+# marked in the report: it measures the host as much as the wrappers.
+HOST_PROBE_SPREAD = 1.5
+
+
 def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """torch_cppwrap's metric divided by the Python wrapper's and upstream's,
     per workload (below 1: torch_cppwrap is faster), and the comparisons of
-    CUDA_RATIOS where both modes ran."""
+    CUDA_RATIOS where both modes ran; for each pair of modes compared, the
+    ratio of their warm processes' host probes ("host_probe:{mode}/{base}")."""
     by_key = {(r["workload"], r["mode"]): r for r in records}
 
+    def value(mode: str, metric: str) -> float | None:
+        record = by_key.get((workload, mode)) or {}
+        if metric == "host_probe_us":
+            return (record.get("warm") or {}).get(metric)
+        return record.get(metric)
+
     def ratio(metric: str, mode: str, base: str) -> float | None:
-        a = (by_key.get((workload, mode)) or {}).get(metric)
-        b = (by_key.get((workload, base)) or {}).get(metric)
+        a, b = value(mode, metric), value(base, metric)
         return a / b if a is not None and b else None
 
     rows = []
@@ -1298,8 +1313,44 @@ def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 row[f"{metric}/{base}"] = ratio(metric, "cppwrap", base)
         for metric, mode, base, _ in CUDA_RATIOS:
             row[f"{metric}:{mode}/{base}"] = ratio(metric, mode, base)
+        pairs = [("cppwrap", "python"), ("cppwrap", "upstream")]
+        pairs += [(mode, base) for _, mode, base, _ in CUDA_RATIOS]
+        for mode, base in dict.fromkeys(pairs):
+            row[f"host_probe:{mode}/{base}"] = ratio("host_probe_us", mode, base)
         rows.append(row)
     return rows
+
+
+def _ratio_keys() -> list[tuple[str, str, str]]:
+    """(key in a ratios() row, metric, "mode/base") of every ratio the
+    report's tables may show."""
+    keys = [
+        (f"{metric}/{base}", metric, f"cppwrap/{base}")
+        for base in ("python", "upstream")
+        for metric, _ in RATIO_METRICS
+    ]
+    keys += [
+        (f"{metric}:{mode}/{base}", metric, f"{mode}/{base}")
+        for metric, mode, base, _ in CUDA_RATIOS
+    ]
+    return keys
+
+
+def _host_apart(row: dict[str, Any], key: str, metric: str, pair: str) -> bool:
+    """Whether the ratio of times per call at `key` compares rows whose warm
+    processes found the host's speeds more than HOST_PROBE_SPREAD apart."""
+    probes = row.get(f"host_probe:{pair}")
+    return (
+        row.get(key) is not None
+        and metric in PER_CALL_METRICS
+        and probes is not None
+        and not 1 / HOST_PROBE_SPREAD <= probes <= HOST_PROBE_SPREAD
+    )
+
+
+def _ratio_cell(row: dict[str, Any], key: str, metric: str, pair: str) -> str:
+    """A ratio's cell, "†" after one whose host speeds were apart."""
+    return _fmt(row.get(key), 2) + (" †" if _host_apart(row, key, metric, pair) else "")
 
 
 def replay_summary(record: dict[str, Any]) -> str | None:
@@ -1386,7 +1437,7 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         for row in report["ratios"]:
             cells = " | ".join(
-                _fmt(row[f"{metric}/{base}"], 2)
+                _ratio_cell(row, f"{metric}/{base}", metric, f"cppwrap/{base}")
                 for base in ("python", "upstream")
                 for metric, _ in RATIO_METRICS
             )
@@ -1435,6 +1486,13 @@ def markdown(report: dict[str, Any]) -> str:
             f"- host speed: an eager in-place add on a 0-d CPU tensor took "
             f"{probe[0]:.2f}-{probe[1]:.2f} µs in the warm processes before "
             "timing; compare tables of other runs only with this in mind."
+        )
+    if any(_host_apart(row, *k) for row in report["ratios"] for k in _ratio_keys()):
+        lines.append(
+            f"- †: the two rows' warm processes found the host more than "
+            f"{HOST_PROBE_SPREAD}x faster or slower than each other (their host "
+            "probes, in bench.json): the ratio measures the host as much as the "
+            "wrappers; time again, or with more `--rounds`."
         )
     load = meta.get("max_loadavg_before_timing")
     if load and meta["cpu_count"] and load > meta["cpu_count"]:
@@ -1529,7 +1587,7 @@ def _cuda_tables(report: dict[str, Any]) -> list[str]:
         ]
         for row in report["ratios"]:
             cells = " | ".join(
-                _fmt(row.get(f"{metric}:{mode}/{base}"), 2)
+                _ratio_cell(row, f"{metric}:{mode}/{base}", metric, f"{mode}/{base}")
                 for metric, mode, base, _ in shown
             )
             lines.append(f"| {row['workload']} | {cells} |")

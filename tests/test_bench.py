@@ -268,6 +268,40 @@ class TestReport(TestCase):
         self.assertIn("took 1.50-2.25 µs in the warm processes", text)
         self.assertNotIn("Cold compile by phase", text)
 
+    def test_per_call_ratios_of_hosts_apart_are_marked(self) -> None:
+        records = [
+            self._record("python", 2.0),
+            self._record("cppwrap", 1.0),
+            self._record("reduce-overhead", 1.25),
+        ]
+        # Ours timed on a host 1.75x slower than the Python wrapper's, 1.17x
+        # slower than reduce-overhead's.
+        for record, probe in zip(records, (2.0, 3.5, 3.0), strict=True):
+            record["warm"] = {"host_probe_us": probe}
+        (row,) = _bench.ratios(records)
+        self.assertAlmostEqual(row["host_probe:cppwrap/python"], 1.75)
+        self.assertAlmostEqual(row["host_probe:cppwrap/reduce-overhead"], 3.5 / 3.0)
+        self.assertIsNone(row["host_probe:cppwrap/upstream"])
+        report = {
+            "meta": _bench._meta(
+                "cpu", True, ["seed"], [r["mode"] for r in records], records
+            ),
+            "results": records,
+            "ratios": [row],
+        }
+        text = _bench.markdown(report)
+        # Times per call against the Python wrapper are marked, its compile
+        # times are not; nothing against reduce-overhead is.
+        self.assertIn("| seed | 0.50 † | 0.50 † | 0.50 | 0.50 | - |", text)
+        self.assertIn("| seed | 0.80 | 1.00 |", text)
+        self.assertIn("- †: the two rows' warm processes found the host more", text)
+        # Hosts 1.4x apart are not.
+        records[1]["warm"] = {"host_probe_us": 2.8}
+        report["ratios"] = _bench.ratios(records)
+        text = _bench.markdown(report)
+        self.assertIn("| seed | 0.50 | 0.50 | 0.50 | 0.50 | - |", text)
+        self.assertNotIn("†", text)
+
     def test_cold_compile_phases_that_differ(self) -> None:
         python, ours = self._record("python", 1.0), self._record("cppwrap", 1.0)
         python["cold_phases_s"] = {"GraphLowering.codegen": 3.0, "gc": 0.1}

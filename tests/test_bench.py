@@ -235,6 +235,15 @@ class TestReport(TestCase):
             "warm": {},
         }
 
+    def _report(self, records: list[dict]) -> dict:
+        """A CPU report of `records` (of workload "seed"), as the bench makes."""
+        modes = [r["mode"] for r in records]
+        return {
+            "meta": _bench._meta("cpu", True, ["seed"], modes, records),
+            "results": records,
+            "ratios": _bench.ratios(records),
+        }
+
     def test_ratios_and_markdown(self) -> None:
         records = [
             self._record("python", 2.0),
@@ -282,13 +291,7 @@ class TestReport(TestCase):
         self.assertAlmostEqual(row["host_probe:cppwrap/python"], 1.75)
         self.assertAlmostEqual(row["host_probe:cppwrap/reduce-overhead"], 3.5 / 3.0)
         self.assertIsNone(row["host_probe:cppwrap/upstream"])
-        report = {
-            "meta": _bench._meta(
-                "cpu", True, ["seed"], [r["mode"] for r in records], records
-            ),
-            "results": records,
-            "ratios": [row],
-        }
+        report = self._report(records)
         text = _bench.markdown(report)
         # Times per call against the Python wrapper are marked, its compile
         # times are not; nothing against reduce-overhead is.
@@ -297,8 +300,7 @@ class TestReport(TestCase):
         self.assertIn("- †: the two rows' warm processes found the host more", text)
         # Hosts 1.4x apart are not.
         records[1]["warm"] = {"host_probe_us": 2.8}
-        report["ratios"] = _bench.ratios(records)
-        text = _bench.markdown(report)
+        text = _bench.markdown(self._report(records))
         self.assertIn("| seed | 0.50 | 0.50 | 0.50 | 0.50 | - |", text)
         self.assertNotIn("†", text)
 
@@ -357,13 +359,7 @@ class TestReport(TestCase):
         self.assertAlmostEqual(row["mem_peak_mb:cppwrap/reduce-overhead"], 1.25)
         self.assertAlmostEqual(row["e2e_us:cppwrap-no-replay/python"], 0.5)
         self.assertAlmostEqual(row["e2e_sync_us:cppwrap/reduce-overhead"], 0.75)
-        report = {
-            "meta": _bench._meta(
-                "cpu", True, ["seed"], [r["mode"] for r in records], records
-            ),
-            "results": records,
-            "ratios": [row],
-        }
+        report = self._report(records)
         text = _bench.markdown(report)
         self.assertIn("| seed | 0.80 | 0.75 | 1.25 | 0.50 | 0.50 |", text)
         # A CPU report has no latency column; a CUDA one has, "-" where a

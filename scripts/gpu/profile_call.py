@@ -72,7 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -123,24 +123,32 @@ def load_bench() -> ModuleType:
     return bench
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's garbage collector off while timing (a collection inside a
+    timed call is the host's noise, not the wrapper's cost), as it was after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def host_times_us(
     f: Callable[[], Any], sync: Callable[[], None], calls: int
 ) -> list[float]:
     """The host time of each of `calls` calls of `f`, each issued on an idle
     GPU, in µs."""
     times = []
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         for _ in range(calls):
             sync()
             t0 = time.perf_counter()
             f()
             t1 = time.perf_counter()
             times.append((t1 - t0) * 1e6)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     sync()
     return times
 
@@ -189,14 +197,15 @@ def host_split_us(
     total, in_graphs, in_callables = [], [], []
     try:
         step()  # wraps the graphs' callables, untimed
-        for _ in range(calls):
-            sync()
-            spent[0] = spent[1] = 0.0
-            t0 = time.perf_counter()
-            step()
-            total.append(time.perf_counter() - t0)
-            in_graphs.append(spent[0])
-            in_callables.append(spent[1])
+        with gc_paused():
+            for _ in range(calls):
+                sync()
+                spent[0] = spent[1] = 0.0
+                t0 = time.perf_counter()
+                step()
+                total.append(time.perf_counter() - t0)
+                in_graphs.append(spent[0])
+                in_callables.append(spent[1])
         sync()
     finally:
         CompiledFxGraph.__call__ = original_call  # type: ignore[method-assign]

@@ -973,6 +973,7 @@ def _merge(
     record["cold_compile_s"] = cold.get("compile_s")
     record["warm_compile_s"] = warm.get("compile_s")
     record["cold_phases_s"] = cold.get("compile_phases_s")
+    record["warm_phases_s"] = warm.get("compile_phases_s")
     # The warm process's times (its compile is warm_compile_s, above).
     for key in (
         *(key for key in TIMED if key != "compile_s"),
@@ -1443,7 +1444,8 @@ def markdown(report: dict[str, Any]) -> str:
             )
             lines.append(f"| {row['workload']} | {cells} |")
     lines += _cuda_tables(report)
-    lines += _compile_phase_lines(records)
+    lines += _compile_phase_lines(records, "cold")
+    lines += _compile_phase_lines(records, "warm")
     lines += [
         "",
         "- modes: " + "; ".join(f"`{k}` = {v}" for k, v in meta["modes"].items()) + ".",
@@ -1542,25 +1544,34 @@ def compile_phase_gaps(
     return sorted(gaps, key=lambda g: -abs(g[1] - g[2]))
 
 
-def _compile_phase_lines(records: Sequence[dict[str, Any]]) -> list[str]:
-    """Where ours' cold compile differs from the Python wrapper's, by phase."""
+def _compile_phase_lines(records: Sequence[dict[str, Any]], phase: str) -> list[str]:
+    """Where ours' `phase` ("cold" or "warm") compile differs from the Python
+    wrapper's, by dynamo_timed phase."""
+    key = f"{phase}_phases_s"
     by_key = {(r["workload"], r["mode"]): r for r in records}
     lines: list[str] = []
     for r in records:
         if r["mode"] != "cppwrap":
             continue
         python = by_key.get((r["workload"], "python"))
-        if not (r.get("cold_phases_s") and python and python.get("cold_phases_s")):
+        if not (r.get(key) and python and python.get(key)):
             continue
-        gaps = compile_phase_gaps(r["cold_phases_s"], python["cold_phases_s"])
+        gaps = compile_phase_gaps(r[key], python[key])
         if gaps:
             cells = "; ".join(f"{k} {o:.2f} / {p:.2f}" for k, o, p in gaps[:8])
             lines.append(f"- {r['workload']}: {cells}")
     if lines:
         lines = [
             "",
-            "Cold compile by phase, ours / Python wrapper in seconds (dynamo_timed "
-            "phases that differ by 0.2 s or more; phases nest):",
+            f"{phase.capitalize()} compile by phase, ours / Python wrapper in seconds "
+            "(dynamo_timed phases that differ by 0.2 s or more; phases nest"
+            + (
+                "; Dynamo's tracing runs no code of ours, and a warm process's "
+                "host speed moves it"
+                if phase == "warm"
+                else ""
+            )
+            + "):",
             "",
             *lines,
         ]

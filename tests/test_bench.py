@@ -304,31 +304,45 @@ class TestReport(TestCase):
         self.assertIn("| seed | 0.50 | 0.50 | 0.50 | 0.50 | - |", text)
         self.assertNotIn("†", text)
 
-    def test_cold_compile_phases_that_differ(self) -> None:
-        python, ours = self._record("python", 1.0), self._record("cppwrap", 1.0)
-        python["cold_phases_s"] = {"GraphLowering.codegen": 3.0, "gc": 0.1}
-        ours["cold_phases_s"] = {
-            "GraphLowering.codegen": 4.5,
-            "CppWrapperCodeCache.load": 0.9,
-            "gc": 0.2,
+    def test_compile_phases_that_differ(self) -> None:
+        cold_phases = {
+            "python": {"GraphLowering.codegen": 3.0, "gc": 0.1},
+            "cppwrap": {
+                "GraphLowering.codegen": 4.5,
+                "CppWrapperCodeCache.load": 0.9,
+                "gc": 0.2,
+            },
+        }
+        warm_phases = {
+            "python": {"bytecode_tracing": 0.8, "OutputGraph.call_user_compiler": 0.85},
+            "cppwrap": {"bytecode_tracing": 1.2, "OutputGraph.call_user_compiler": 0.7},
         }
         self.assertEqual(
-            _bench.compile_phase_gaps(ours["cold_phases_s"], python["cold_phases_s"]),
+            _bench.compile_phase_gaps(cold_phases["cppwrap"], cold_phases["python"]),
             [
                 ("GraphLowering.codegen", 4.5, 3.0),
                 ("CppWrapperCodeCache.load", 0.9, 0.0),
             ],
         )
-        records = [python, ours]
-        report = {
-            "meta": _bench._meta("cpu", True, ["seed"], ["python", "cppwrap"], records),
-            "results": records,
-            "ratios": _bench.ratios(records),
-        }
+        # As the bench merges each mode's cold and warm processes.
+        records = [
+            _bench._merge(
+                "seed",
+                mode,
+                {"ok": True, "compile_s": 10.0, "compile_phases_s": cold_phases[mode]},
+                {"ok": True, "compile_s": 2.0, "compile_phases_s": warm_phases[mode]},
+            )
+            for mode in ("python", "cppwrap")
+        ]
+        text = _bench.markdown(self._report(records))
+        cold = text.index("Cold compile by phase")
+        warm = text.index("Warm compile by phase")
         self.assertIn(
             "- seed: GraphLowering.codegen 4.50 / 3.00; CppWrapperCodeCache.load 0.90 / 0.00",
-            _bench.markdown(report),
+            text[cold:warm],
         )
+        # The backend's 0.15 s is under the 0.2 s that makes a gap.
+        self.assertIn("- seed: bytecode_tracing 1.20 / 0.80\n", text[warm:])
 
     def test_cuda_comparisons_and_replays(self) -> None:
         records = [

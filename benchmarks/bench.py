@@ -323,9 +323,7 @@ def time_per_call(
         sync()
         return time.perf_counter() - start
 
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         # Not timed: the first calls may still load lazily, and a replayed
         # graph (ours, reduce-overhead's) is captured on its second call,
         # which takes milliseconds; sized from one of those, a repeat would
@@ -340,10 +338,37 @@ def time_per_call(
             elapsed = run(n)
         n = max(1, round(n * target_s / max(elapsed, 1e-9)))
         per_call = [run(n) / n * 1e6 for _ in range(repeats)]
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     return Timing(statistics.median(per_call), min(per_call), n, repeats)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's garbage collector off while timing (a collection inside a
+    timed call is the host's noise, not the wrapper's cost), as it was after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def host_times_us(
+    f: Callable[[], Any], sync: Callable[[], None], calls: int
+) -> list[float]:
+    """The host time of each of `calls` calls of `f`, each issued on an idle
+    device (`sync` first), in µs: what a call costs the host, with nothing
+    queued that a launch could wait behind."""
+    times = []
+    with gc_paused():
+        for _ in range(calls):
+            sync()
+            start = time.perf_counter()
+            f()
+            times.append((time.perf_counter() - start) * 1e6)
+    sync()
+    return times
 
 
 def new_compiled_modules(before: int) -> list[Any]:
@@ -567,6 +592,8 @@ TIMING_LOCK_ENV = "TORCH_CPPWRAP_BENCH_TIMING_LOCK"
 
 # Calls made before time_per_call sizes its repeats.
 WARM_UP_CALLS = 3
+# Calls timed one by one on an idle GPU for a CUDA row's host time per call.
+HOST_CALLS = 200
 
 FULL = Budget(repeats=7, target_s=0.2)
 QUICK = Budget(repeats=3, target_s=0.05)
@@ -757,6 +784,11 @@ def _time_calls(
             )
             result["e2e_sync_us_median"] = latency.median_us
             result["e2e_sync_us"] = latency.min_us
+            # Host time: a call issued on an idle GPU, the median of
+            # HOST_CALLS.  What the wrapper costs the host per call, which
+            # e2e hides where the GPU is the slower of the two, and to which
+            # latency adds the GPU's time.
+            result["host_us"] = statistics.median(host_times_us(step, sync, HOST_CALLS))
         # CUDA graphs replay the whole graph; its module's `call` alone is
         # not what runs, so there is nothing honest to time: reduce-overhead
         # does not run `call` at all, and ours, given get_args()'s plain
@@ -1150,6 +1182,7 @@ TIMED = (
     "e2e_us_median",
     "e2e_sync_us",
     "e2e_sync_us_median",
+    "host_us",
     "call_us",
     "call_us_median",
 )
@@ -1272,15 +1305,17 @@ RATIO_METRICS = (
 CUDA_RATIOS = (
     ("e2e_us", "cppwrap", "reduce-overhead", "e2e ours/reduce-overhead"),
     ("e2e_sync_us", "cppwrap", "reduce-overhead", "latency ours/reduce-overhead"),
+    ("host_us", "cppwrap", "reduce-overhead", "host ours/reduce-overhead"),
     ("mem_peak_mb", "cppwrap", "reduce-overhead", "peak ours/reduce-overhead"),
     ("e2e_us", "cppwrap-no-replay", "python", "e2e kernel by kernel/python"),
+    ("host_us", "cppwrap-no-replay", "python", "host kernel by kernel/python"),
     ("call_us", "cppwrap-no-replay", "python", "call kernel by kernel/python"),
 )
 
 
 # Times per call, which move with the host's speed (compile times and memory
 # move less, or not at all).
-PER_CALL_METRICS = frozenset({"call_us", "e2e_us", "e2e_sync_us"})
+PER_CALL_METRICS = frozenset({"call_us", "e2e_us", "e2e_sync_us", "host_us"})
 # A ratio of times per call whose two rows' warm processes found the host
 # more than this much faster or slower than each other (host_probe_us) is
 # marked in the report: it measures the host as much as the wrappers.
@@ -1406,13 +1441,17 @@ def markdown(report: dict[str, Any]) -> str:
         f"{'; warm processes side by side, timing in turns' if meta.get('timed_in_turns') else ''}.",
         "",
         "| workload | mode | matches eager | cold compile s | warm compile s | e2e µs/call "
-        + ("| latency µs/call " if cuda else "")
+        + ("| latency µs/call | host µs/call " if cuda else "")
         + "| `call` µs/call | peak MB |",
-        "|---|---|---|--:|--:|--:|" + ("--:|" if cuda else "") + "--:|--:|",
+        "|---|---|---|--:|--:|--:|" + ("--:|--:|" if cuda else "") + "--:|--:|",
     ]
     for r in records:
         ok = "FAIL" if r["error"] else ("yes" if r["ok"] else "**NO**")
-        latency = f"| {_fmt(r.get('e2e_sync_us'))} " if cuda else ""
+        latency = (
+            f"| {_fmt(r.get('e2e_sync_us'))} | {_fmt(r.get('host_us'))} "
+            if cuda
+            else ""
+        )
         lines.append(
             f"| {r['workload']} | {r['mode']} | {ok} | {_fmt(r['cold_compile_s'], 2)} "
             f"| {_fmt(r['warm_compile_s'], 2)} | {_fmt(r['e2e_us'])} {latency}"
@@ -1465,6 +1504,8 @@ def markdown(report: dict[str, Any]) -> str:
             "is issued before the GPU has finished the last (what a batch-1 server's "
             "request costs; in e2e the host runs ahead, and a graph that keeps the GPU "
             "busier than the host takes the GPU's time whichever wrapper launched it); "
+            f"host: the host's time for one call issued on an idle GPU, the median "
+            f"of {HOST_CALLS} (what the wrapper costs the host per call); "
             "`call` is not timed for reduce-overhead or for ours replayed, whose "
             "replays are not the module's `call` on get_args()'s plain tensors."
             if cuda

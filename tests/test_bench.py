@@ -141,6 +141,17 @@ class TestCudaTiming(TestCase):
         self.assertNotIn("call", events)
         self.assertNotIn("call_us", result)
 
+    def test_host_time_issues_each_call_on_an_idle_gpu(self) -> None:
+        events: list[str] = []
+        times = _bench.host_times_us(
+            lambda: events.append("step"), lambda: events.append("sync"), 4
+        )
+        self.assertEqual(len(times), 4)
+        self.assertEqual(events, ["sync", "step"] * 4 + ["sync"])
+        result, _ = self._time("cppwrap")
+        self.assertGreater(result["host_us"], 0)
+        self.assertIn("host_us", _bench.TIMED)  # the fastest round's is kept
+
     def test_kernel_by_kernel_times_call(self) -> None:
         result, events = self._time("cppwrap-no-replay")
         self.assertIn("call", events)
@@ -355,6 +366,10 @@ class TestReport(TestCase):
         # Latency (a synchronize after each call): ours 300 µs, CUDA graphs 400.
         records[1]["e2e_sync_us"] = 300.0
         records[3]["e2e_sync_us"] = 400.0
+        # Host time per call (on an idle GPU): ours 120 against CUDA graphs'
+        # 150; kernel by kernel 100 against the Python wrapper's 400.
+        for record, host in zip(records, (400.0, 120.0, 100.0, 150.0), strict=True):
+            record["host_us"] = host
         records[1]["warm"] = {
             "replay": [
                 {
@@ -373,18 +388,26 @@ class TestReport(TestCase):
         self.assertAlmostEqual(row["mem_peak_mb:cppwrap/reduce-overhead"], 1.25)
         self.assertAlmostEqual(row["e2e_us:cppwrap-no-replay/python"], 0.5)
         self.assertAlmostEqual(row["e2e_sync_us:cppwrap/reduce-overhead"], 0.75)
+        self.assertAlmostEqual(row["host_us:cppwrap/reduce-overhead"], 0.8)
+        self.assertAlmostEqual(row["host_us:cppwrap-no-replay/python"], 0.25)
         report = self._report(records)
         text = _bench.markdown(report)
-        self.assertIn("| seed | 0.80 | 0.75 | 1.25 | 0.50 | 0.50 |", text)
-        # A CPU report has no latency column; a CUDA one has, "-" where a
-        # mode has none.
+        self.assertIn("| seed | 0.80 | 0.75 | 0.80 | 1.25 | 0.50 | 0.25 | 0.50 |", text)
+        # A CPU report has no latency or host column; a CUDA one has, "-"
+        # where a mode has none.
         self.assertNotIn("latency µs/call", text)
+        self.assertNotIn("host µs/call", text)
         cuda = _bench.markdown({**report, "meta": {**report["meta"], "device": "cuda"}})
-        self.assertIn("| e2e µs/call | latency µs/call | `call` µs/call |", cuda)
         self.assertIn(
-            "| seed | cppwrap | yes | 10.00 | 2.00 | 100.0 | 300.0 | 10.0 |", cuda
+            "| e2e µs/call | latency µs/call | host µs/call | `call` µs/call |", cuda
         )
-        self.assertIn("| seed | python | yes | 40.00 | 8.00 | 400.0 | - | 40.0 |", cuda)
+        self.assertIn(
+            "| seed | cppwrap | yes | 10.00 | 2.00 | 100.0 | 300.0 | 120.0 | 10.0 |",
+            cuda,
+        )
+        self.assertIn(
+            "| seed | python | yes | 40.00 | 8.00 | 400.0 | - | 400.0 | 40.0 |", cuda
+        )
         self.assertIn(
             "- seed: replayed: 2 graph(s), 12, 40 replays, 1 missed; "
             "kernel by kernel: only 1 launch(es)",

@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import importlib.util
 import itertools
 import json
@@ -72,7 +71,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -123,34 +122,12 @@ def load_bench() -> ModuleType:
     return bench
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's garbage collector off while timing (a collection inside a
-    timed call is the host's noise, not the wrapper's cost), as it was after."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def host_times_us(
     f: Callable[[], Any], sync: Callable[[], None], calls: int
 ) -> list[float]:
     """The host time of each of `calls` calls of `f`, each issued on an idle
-    GPU, in µs."""
-    times = []
-    with gc_paused():
-        for _ in range(calls):
-            sync()
-            t0 = time.perf_counter()
-            f()
-            t1 = time.perf_counter()
-            times.append((t1 - t0) * 1e6)
-    sync()
-    return times
+    GPU, in µs (bench.py's)."""
+    return load_bench().host_times_us(f, sync, calls)
 
 
 def host_time_us(f: Callable[[], Any], sync: Callable[[], None]) -> float:
@@ -197,7 +174,7 @@ def host_split_us(
     total, in_graphs, in_callables = [], [], []
     try:
         step()  # wraps the graphs' callables, untimed
-        with gc_paused():
+        with load_bench().gc_paused():
             for _ in range(calls):
                 sync()
                 spent[0] = spent[1] = 0.0

@@ -1326,7 +1326,9 @@ def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """torch_cppwrap's metric divided by the Python wrapper's and upstream's,
     per workload (below 1: torch_cppwrap is faster), and the comparisons of
     CUDA_RATIOS where both modes ran; for each pair of modes compared, the
-    ratio of their warm processes' host probes ("host_probe:{mode}/{base}")."""
+    ratio of their warm processes' host probes ("host_probe:{mode}/{base}"),
+    and under "host_apart" the keys of the ratios of times per call whose two
+    rows' probes are more than HOST_PROBE_SPREAD apart."""
     by_key = {(r["workload"], r["mode"]): r for r in records}
 
     def value(mode: str, metric: str) -> float | None:
@@ -1339,54 +1341,40 @@ def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         a, b = value(mode, metric), value(base, metric)
         return a / b if a is not None and b else None
 
+    # (key in a row, metric, mode, against mode) of every ratio.
+    compared = [
+        (f"{metric}/{base}", metric, "cppwrap", base)
+        for base in ("python", "upstream")
+        for metric, _ in RATIO_METRICS
+    ]
+    compared += [
+        (f"{metric}:{mode}/{base}", metric, mode, base)
+        for metric, mode, base, _ in CUDA_RATIOS
+    ]
     rows = []
     for workload in dict.fromkeys(r["workload"] for r in records):
         if (workload, "cppwrap") not in by_key:
             continue
-        row: dict[str, Any] = {"workload": workload}
-        for base in ("python", "upstream"):
-            for metric, _ in RATIO_METRICS:
-                row[f"{metric}/{base}"] = ratio(metric, "cppwrap", base)
-        for metric, mode, base, _ in CUDA_RATIOS:
-            row[f"{metric}:{mode}/{base}"] = ratio(metric, mode, base)
-        pairs = [("cppwrap", "python"), ("cppwrap", "upstream")]
-        pairs += [(mode, base) for _, mode, base, _ in CUDA_RATIOS]
-        for mode, base in dict.fromkeys(pairs):
-            row[f"host_probe:{mode}/{base}"] = ratio("host_probe_us", mode, base)
+        row: dict[str, Any] = {"workload": workload, "host_apart": []}
+        for key, metric, mode, base in compared:
+            row[key] = ratio(metric, mode, base)
+            probes = ratio("host_probe_us", mode, base)
+            row[f"host_probe:{mode}/{base}"] = probes
+            if (
+                row[key] is not None
+                and metric in PER_CALL_METRICS
+                and probes is not None
+                and not 1 / HOST_PROBE_SPREAD <= probes <= HOST_PROBE_SPREAD
+            ):
+                row["host_apart"].append(key)
         rows.append(row)
     return rows
 
 
-def _ratio_keys() -> list[tuple[str, str, str]]:
-    """(key in a ratios() row, metric, "mode/base") of every ratio the
-    report's tables may show."""
-    keys = [
-        (f"{metric}/{base}", metric, f"cppwrap/{base}")
-        for base in ("python", "upstream")
-        for metric, _ in RATIO_METRICS
-    ]
-    keys += [
-        (f"{metric}:{mode}/{base}", metric, f"{mode}/{base}")
-        for metric, mode, base, _ in CUDA_RATIOS
-    ]
-    return keys
-
-
-def _host_apart(row: dict[str, Any], key: str, metric: str, pair: str) -> bool:
-    """Whether the ratio of times per call at `key` compares rows whose warm
-    processes found the host's speeds more than HOST_PROBE_SPREAD apart."""
-    probes = row.get(f"host_probe:{pair}")
-    return (
-        row.get(key) is not None
-        and metric in PER_CALL_METRICS
-        and probes is not None
-        and not 1 / HOST_PROBE_SPREAD <= probes <= HOST_PROBE_SPREAD
-    )
-
-
-def _ratio_cell(row: dict[str, Any], key: str, metric: str, pair: str) -> str:
-    """A ratio's cell, "†" after one whose host speeds were apart."""
-    return _fmt(row.get(key), 2) + (" †" if _host_apart(row, key, metric, pair) else "")
+def _ratio_cell(row: dict[str, Any], key: str) -> str:
+    """A ratio's cell, "†" after one whose rows ran on hosts of speeds
+    apart (ratios()' "host_apart")."""
+    return _fmt(row.get(key), 2) + (" †" if key in row.get("host_apart", ()) else "")
 
 
 def replay_summary(record: dict[str, Any]) -> str | None:
@@ -1461,7 +1449,7 @@ def markdown(report: dict[str, Any]) -> str:
         v is not None
         for row in report["ratios"]
         for k, v in row.items()
-        if k != "workload"
+        if k not in ("workload", "host_apart") and not k.startswith("host_probe:")
     ):
         header = " | ".join(
             f"{label} ours/{base}"
@@ -1477,7 +1465,7 @@ def markdown(report: dict[str, Any]) -> str:
         ]
         for row in report["ratios"]:
             cells = " | ".join(
-                _ratio_cell(row, f"{metric}/{base}", metric, f"cppwrap/{base}")
+                _ratio_cell(row, f"{metric}/{base}")
                 for base in ("python", "upstream")
                 for metric, _ in RATIO_METRICS
             )
@@ -1530,7 +1518,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{probe[0]:.2f}-{probe[1]:.2f} µs in the warm processes before "
             "timing; compare tables of other runs only with this in mind."
         )
-    if any(_host_apart(row, *k) for row in report["ratios"] for k in _ratio_keys()):
+    if any(row.get("host_apart") for row in report["ratios"]):
         lines.append(
             f"- †: the two rows' warm processes found the host more than "
             f"{HOST_PROBE_SPREAD}x faster or slower than each other (their host "
@@ -1639,7 +1627,7 @@ def _cuda_tables(report: dict[str, Any]) -> list[str]:
         ]
         for row in report["ratios"]:
             cells = " | ".join(
-                _ratio_cell(row, f"{metric}:{mode}/{base}", metric, f"{mode}/{base}")
+                _ratio_cell(row, f"{metric}:{mode}/{base}")
                 for metric, mode, base, _ in shown
             )
             lines.append(f"| {row['workload']} | {cells} |")

@@ -170,33 +170,31 @@ def host_split_us(
         finally:
             spent[0] += time.perf_counter() - t0
 
+    in_graphs: list[float] = []
+    in_callables: list[float] = []
+
+    def split_step() -> None:
+        spent[0] = spent[1] = 0.0
+        step()
+        in_graphs.append(spent[0] * 1e6)
+        in_callables.append(spent[1] * 1e6)
+
     CompiledFxGraph.__call__ = timed_call  # type: ignore[method-assign]
-    total, in_graphs, in_callables = [], [], []
     try:
         step()  # wraps the graphs' callables, untimed
-        with load_bench().gc_paused():
-            for _ in range(calls):
-                sync()
-                spent[0] = spent[1] = 0.0
-                t0 = time.perf_counter()
-                step()
-                total.append(time.perf_counter() - t0)
-                in_graphs.append(spent[0])
-                in_callables.append(spent[1])
-        sync()
+        total = host_times_us(split_step, sync, calls)
     finally:
         CompiledFxGraph.__call__ = original_call  # type: ignore[method-assign]
         for graph, f in wrapped.values():
             graph.current_callable = f
     median = statistics.median
     return {
-        "host_split_step_us": median(total) * 1e6,
+        "host_split_step_us": median(total),
         "host_outside_graphs_us": median(
             t - g for t, g in zip(total, in_graphs, strict=True)
-        )
-        * 1e6,
-        "host_in_graphs_us": median(in_graphs) * 1e6,
-        "host_in_callables_us": median(in_callables) * 1e6,
+        ),
+        "host_in_graphs_us": median(in_graphs),
+        "host_in_callables_us": median(in_callables),
         "host_graph_calls_per_step": len(wrapped),
     }
 

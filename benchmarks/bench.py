@@ -590,6 +590,9 @@ INSTALLED_RUNTIME_ENV = "TORCH_CPPWRAP_INSTALLED_RUNTIME_DIR"
 # TimingTurns.
 TIMING_LOCK_ENV = "TORCH_CPPWRAP_BENCH_TIMING_LOCK"
 
+# The CPU that warm workers time on (--timing-cpu); see pin_timing_thread.
+TIMING_CPU_ENV = "TORCH_CPPWRAP_BENCH_TIMING_CPU"
+
 # Calls made before time_per_call sizes its repeats.
 WARM_UP_CALLS = 3
 # Calls timed one by one on an idle GPU for a CUDA row's host time per call.
@@ -621,6 +624,29 @@ class TimingTurns:
 
     def close(self) -> None:
         self._file.close()
+
+
+def current_cpu() -> int | None:
+    """The CPU this thread runs on now (Linux), or None where unknown."""
+    try:
+        stat = Path("/proc/thread-self/stat").read_text()
+    except OSError:
+        return None
+    # Field 39; the command name (field 2) may hold spaces, so count from
+    # its closing parenthesis.
+    return int(stat.rsplit(")", 1)[1].split()[36])
+
+
+def pin_timing_thread() -> int | None:
+    """Pins the calling thread (the one that times) to the CPU that
+    TIMING_CPU_ENV names, if it names one, and returns the CPU it runs on.
+    Processes of one host differ by up to 2x in the host probe; pinned to
+    one CPU, every mode times where every other does.  Only this thread
+    moves: the driver's and torch's own threads stay where they were."""
+    cpu = os.environ.get(TIMING_CPU_ENV)
+    if cpu is not None:
+        os.sched_setaffinity(0, {int(cpu)})
+    return current_cpu()
 
 
 @functools.cache
@@ -756,6 +782,8 @@ def _time_calls(
     result["loadavg_before_timing"] = (
         os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     )
+    result["timing_cpu"] = pin_timing_thread()
+    result["timing_cpu_pinned"] = TIMING_CPU_ENV in os.environ
     result["host_probe_us"] = host_probe_us(budget)
     with grad_mode():
         e2e = time_per_call(
@@ -1035,6 +1063,7 @@ def run_bench(
     rounds: int = 1,
     jobs: int = 1,
     warm_jobs: int = 1,
+    timing_cpu: int | None = None,
 ) -> dict[str, Any]:
     """Runs every workload in every mode: a cold compile per mode, then
     `rounds` rounds of warm compile + timing per mode.  `on_record` gets the
@@ -1047,7 +1076,8 @@ def run_bench(
     nothing else running beside them.  With `warm_jobs` > 1, the warm
     processes of that many workloads run side by side, and take turns to
     time (a lock file, TIMING_LOCK_ENV): no two time at once, but one may
-    time while another starts up and loads its compiled code."""
+    time while another starts up and loads its compiled code.  With
+    `timing_cpu`, each warm process times pinned to that CPU."""
     by_workload: dict[str, list[dict[str, Any]]] = {}
     steps = len(workloads) * sum(
         rounds + (MODES[m].cold_from not in modes) for m in modes
@@ -1152,6 +1182,8 @@ def run_bench(
         else contextlib.nullcontext({})
     )
     with installation as extra_env:
+        if timing_cpu is not None:
+            extra_env[TIMING_CPU_ENV] = str(timing_cpu)
         try:
             if jobs > 1 or warm_jobs > 1:
                 with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
@@ -1282,6 +1314,16 @@ def _meta(
         # The host's speed before each timing (host_probe_us), fastest and
         # slowest over the warm processes.
         "host_probe_us": _spread(r["warm"].get("host_probe_us") for r in records),
+        # The CPUs the warm processes timed on, and whether they were pinned
+        # there (--timing-cpu).
+        "timing_cpus": sorted(
+            {
+                r["warm"]["timing_cpu"]
+                for r in records
+                if r["warm"].get("timing_cpu") is not None
+            }
+        ),
+        "timing_cpu_pinned": any(r["warm"].get("timing_cpu_pinned") for r in records),
     }
 
 
@@ -1517,6 +1559,12 @@ def markdown(report: dict[str, Any]) -> str:
             f"- host speed: an eager in-place add on a 0-d CPU tensor took "
             f"{probe[0]:.2f}-{probe[1]:.2f} µs in the warm processes before "
             "timing; compare tables of other runs only with this in mind."
+        )
+    cpus = ", ".join(map(str, meta.get("timing_cpus") or ()))
+    if cpus:
+        lines.append(
+            f"- timed on CPU {cpus}"
+            + (" (pinned, `--timing-cpu`)." if meta.get("timing_cpu_pinned") else ".")
         )
     if any(row.get("host_apart") for row in report["ratios"]):
         lines.append(
@@ -1771,6 +1819,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "for a quick table, not a final one",
     )
     parser.add_argument(
+        "--timing-cpu",
+        type=int,
+        default=None,
+        metavar="CPU",
+        help="pin the thread that times, in every warm process, to this CPU "
+        "(Linux): processes of one host can differ 2x in speed by where they "
+        "run (scripts/gpu/host_cores.py finds the fastest CPU); default: unpinned",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -1792,6 +1849,14 @@ def run_from_args(ns: argparse.Namespace) -> int:
         return 2
     if ns.rounds < 1:
         progress(f"error: --rounds must be at least 1, got {ns.rounds}")
+        return 2
+    if ns.timing_cpu is not None and (
+        not hasattr(os, "sched_getaffinity")
+        or ns.timing_cpu not in os.sched_getaffinity(0)
+    ):
+        progress(
+            f"error: --timing-cpu {ns.timing_cpu} is not a CPU this process may run on"
+        )
         return 2
     if ns.device == "cuda":
         import torch
@@ -1818,6 +1883,7 @@ def run_from_args(ns: argparse.Namespace) -> int:
         rounds=ns.rounds,
         jobs=ns.jobs,
         warm_jobs=ns.warm_jobs,
+        timing_cpu=ns.timing_cpu,
         # Rows so far, rewritten after each one: a run stopped by a time limit
         # still leaves its table behind.
         on_record=lambda partial: write_report(partial, ns.out, final=False),

@@ -7,7 +7,10 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import unittest
+from unittest import mock
 
 from torch._inductor.test_case import TestCase, run_tests
 
@@ -61,6 +64,21 @@ class TestCommandLine(TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(proc.stdout.strip(), "False")
 
+    def test_timing_cpu_must_be_one_this_process_may_run_on(self) -> None:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "benchmarks" / "bench.py"),
+                "--timing-cpu",
+                "100000",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("--timing-cpu 100000 is not a CPU", proc.stderr)
+
 
 class TestTiming(TestCase):
     def test_slow_first_calls_do_not_size_the_repeats(self) -> None:
@@ -80,13 +98,48 @@ class TestTiming(TestCase):
         self.assertLess(timing.min_us, 1000)
 
 
+@unittest.skipUnless(hasattr(os, "sched_setaffinity"), "pinning needs Linux")
+class TestTimingCpu(TestCase):
+    def _in_a_thread(self, environ: dict[str, str]) -> tuple[int | None, set[int]]:
+        """pin_timing_thread's answer and the thread's CPUs after it, in a
+        thread of its own: pinning moves the calling thread only."""
+        seen: list[tuple[int | None, set[int]]] = []
+
+        def run() -> None:
+            cpu = _bench.pin_timing_thread()
+            seen.append((cpu, os.sched_getaffinity(0)))
+
+        with mock.patch.dict(os.environ, environ):
+            thread = threading.Thread(target=run)
+            thread.start()
+            thread.join()
+        (result,) = seen
+        return result
+
+    def test_pins_the_timing_thread_to_the_cpu_asked_for(self) -> None:
+        allowed = os.sched_getaffinity(0)
+        cpu = max(allowed)
+        self.assertEqual(
+            self._in_a_thread({_bench.TIMING_CPU_ENV: str(cpu)}), (cpu, {cpu})
+        )
+        # The other threads were left where they were.
+        self.assertEqual(os.sched_getaffinity(0), allowed)
+
+    def test_unpinned_it_only_says_where_it_runs(self) -> None:
+        allowed = os.sched_getaffinity(0)
+        with mock.patch.dict(os.environ):
+            os.environ.pop(_bench.TIMING_CPU_ENV, None)
+            cpu, after = self._in_a_thread({})
+        self.assertIn(cpu, allowed)
+        self.assertEqual(after, allowed)
+
+
 class TestCudaTiming(TestCase):
     """_time_calls's CUDA branch with its device parts stubbed, since no
     test runs the bench on a GPU: which rows get a latency, and which a
     `call` time."""
 
     def _time(self, mode: str) -> tuple[dict, list[str]]:
-        from unittest import mock
 
         events: list[str] = []
 
@@ -190,6 +243,7 @@ class TestBenchWorker(TestCase):
         self.assertGreater(result["e2e_us"], 0)
         self.assertGreater(result["call_us"], 0)
         self.assertGreater(result["host_probe_us"], 0)
+        self.assertIs(result["timing_cpu_pinned"], False)
         # A synchronize after each call only means something on a GPU.
         self.assertNotIn("e2e_sync_us", result)
         # A compile in a new cache builds our module, timed as Inductor's
@@ -201,7 +255,6 @@ class TestBenchWorker(TestCase):
         self.assertIn("GraphLowering.codegen", result["compile_phases_s"])
 
     def test_a_crashed_worker_keeps_its_traceback(self) -> None:
-        from unittest import mock
 
         # faulthandler prints the traceback, then a list of extension
         # modules long enough to fill any tail of the output on its own.
@@ -420,7 +473,6 @@ class TestReport(TestCase):
         self.assertNotIn("Against CUDA graphs", text)
 
     def _run_fake(self, worker, out, rounds):
-        from unittest import mock
 
         with (
             mock.patch.object(_bench, "spawn_worker", worker),
@@ -513,7 +565,6 @@ class TestReport(TestCase):
     def test_jobs_overlap_cold_compiles_and_time_alone(self) -> None:
         import threading
         import time
-        from unittest import mock
 
         lock = threading.Lock()
         running = {"cold": 0, "warm": 0}
@@ -556,7 +607,6 @@ class TestReport(TestCase):
     def test_warm_jobs_run_side_by_side_and_take_turns_to_time(self) -> None:
         import threading
         import time
-        from unittest import mock
 
         lock = threading.Lock()
         running = {"cold": 0, "warm": 0}
@@ -594,7 +644,6 @@ class TestReport(TestCase):
 
     def test_timing_turns_exclude_compiles_and_other_timings(self) -> None:
         import threading
-        from unittest import mock
 
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "lock")
@@ -641,7 +690,6 @@ class TestReport(TestCase):
         _bench.worker_turns.cache_clear()
 
     def test_kernel_by_kernel_times_on_the_cache_of_our_cold_compile(self) -> None:
-        from unittest import mock
 
         calls: list[tuple[str, str, str]] = []
 

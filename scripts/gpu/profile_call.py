@@ -54,7 +54,10 @@ record).
 
     python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
         [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges] \\
-        [--split] [--processes N]
+        [--split] [--processes N] [--timing-cpu CPU]
+
+The first process of each workload and mode compiles cold, the others on
+its Inductor cache.
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ TABLE_COLUMNS = (
     ("workload", "workload"),
     ("mode", "mode"),
     ("process", "process"),
+    ("timing_cpu", "CPU"),
     ("e2e_us", "e2e µs"),
     ("e2e_sync_each_us", "e2e sync-each µs"),
     ("host_us", "host µs per call"),
@@ -320,6 +324,7 @@ def child(
             t = bench.time_per_call(once, repeats=5, target_s=0.3, sync=sync)
             return t.median_us
 
+        record["timing_cpu"] = bench.pin_timing_thread()
         record["e2e_us"] = timed(step, False)
         record["e2e_sync_each_us"] = timed(step, True)
         record["host_us"] = host_time_us(step, sync)
@@ -403,8 +408,14 @@ def run_child(
     extra_env: dict[str, str],
     kernel_ranges: bool = False,
     split: bool = False,
+    cache_dir: str | None = None,
 ) -> dict[str, Any]:
-    cache_dir = tempfile.mkdtemp(prefix="profile-call-inductor-")
+    """One child's record.  It compiles into `cache_dir` (a fresh directory,
+    removed afterwards, if None): a later process of the same workload and
+    mode given the same one compiles warm."""
+    fresh = cache_dir is None
+    if cache_dir is None:
+        cache_dir = tempfile.mkdtemp(prefix="profile-call-inductor-")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, **extra_env)
     # The torch_cppwrap of this checkout, installed or not.
     env["PYTHONPATH"] = os.pathsep.join(
@@ -427,7 +438,8 @@ def run_child(
         )
         return error
     finally:
-        shutil.rmtree(cache_dir, ignore_errors=True)
+        if fresh:
+            shutil.rmtree(cache_dir, ignore_errors=True)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if lines:
         return json.loads(lines[-1][len("RESULT ") :])
@@ -511,6 +523,14 @@ def main() -> int:
         help="child processes per workload and mode, the modes taking turns: "
         "hosts differ between processes of one machine",
     )
+    parser.add_argument(
+        "--timing-cpu",
+        type=int,
+        default=None,
+        metavar="CPU",
+        help="pin each child's timing thread to this CPU, as bench.py's "
+        "--timing-cpu does (default: unpinned)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "MODE"))
     ns = parser.parse_args()
     ns.out.mkdir(parents=True, exist_ok=True)
@@ -538,10 +558,17 @@ def main() -> int:
         else contextlib.nullcontext({})
     )
     records: list[dict[str, Any]] = []
-    with installation as extra_env:
+    with (
+        installation as extra_env,
+        tempfile.TemporaryDirectory(prefix="profile-call-inductor-") as caches,
+    ):
+        if ns.timing_cpu is not None:
+            extra_env[bench.TIMING_CPU_ENV] = str(ns.timing_cpu)
         for workload in workloads:
             for process, mode in itertools.product(range(ns.processes), modes):
                 progress(f"== {workload} / {mode} (process {process + 1})")
+                # The first process of a workload and mode compiles cold, the
+                # others on its cache.
                 record = run_child(
                     workload,
                     mode,
@@ -550,6 +577,7 @@ def main() -> int:
                     extra_env,
                     ns.kernel_ranges,
                     ns.split,
+                    cache_dir=os.path.join(caches, f"{workload}-{mode}"),
                 )
                 record["process"] = process + 1
                 print(json.dumps(record), flush=True)

@@ -7,7 +7,8 @@
 #
 #   PYTHONUNBUFFERED=1 bash scripts/gpu/run_all.sh 2>&1 | tee $OUT/log
 #
-# Knobs: STEPS (default "tests bench"; add "profile"; "dist-tests" and
+# Knobs: STEPS (default "tests bench"; add "profile", or "cores" for the
+# host's speed on each CPU (scripts/gpu/host_cores.py); "dist-tests" and
 # "dist-bench" need two GPUs: tests/test_distributed.py on NCCL and
 # benchmarks/bench_tp.py), TEST_TIMEOUT, TEST_WORKERS, PROFILE_TIMEOUT,
 # PROFILE_ARGS, BENCH_TIMEOUT, BENCH_ARGS (passed to the bench, e.g.
@@ -18,6 +19,8 @@
 # side by side, so four models in four modes (32 steps) fit one 10-minute
 # call: split the models over calls, four a call; rows are written as each
 # step ends),
+# TIMING_CPU (the bench's --timing-cpu: a CPU, or "auto" for the fastest
+# one by host_cores.py),
 # DIST_TEST_TIMEOUT, DIST_BENCH_TIMEOUT,
 # DIST_BENCH_ARGS (passed to bench_tp.py, e.g. --blocks 4).
 set -u -o pipefail
@@ -47,6 +50,12 @@ print(f"runtime extension and headers ready in {time.perf_counter() - start:.1f}
 
 has_step() { [[ " ${STEPS:-tests bench} " == *" $1 "* ]]; }
 
+if has_step cores; then
+    echo "== the host's speed on each CPU (scripts/gpu/host_cores.py), two processes"
+    $PYTHON scripts/gpu/host_cores.py --out "$OUT/host_cores.json"
+    $PYTHON scripts/gpu/host_cores.py
+fi
+
 if has_step tests; then
     echo "== tests/test_gpu.py"
     timeout "${TEST_TIMEOUT:-270}" $PYTHON -X faulthandler -m pytest tests/test_gpu.py -v -rfEs \
@@ -69,8 +78,12 @@ if has_step bench; then
     echo "== benchmark (python benchmarks/bench.py --device cuda)"
     # One timing round per mode unless BENCH_ARGS asks for more: upstream's
     # warm compile alone takes ~27 s here, and a device call ends at 600 s.
+    if [[ "${TIMING_CPU:-}" == auto ]]; then
+        TIMING_CPU=$($PYTHON scripts/gpu/host_cores.py --print-fastest)
+    fi
     timeout "${BENCH_TIMEOUT:-400}" $PYTHON benchmarks/bench.py --device cuda \
-        --out "$OUT/bench" --rounds 1 ${BENCH_ARGS:-}
+        --out "$OUT/bench" --rounds 1 ${TIMING_CPU:+--timing-cpu $TIMING_CPU} \
+        ${BENCH_ARGS:-}
     echo "benchmark exit status: $?"
 fi
 

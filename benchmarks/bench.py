@@ -707,23 +707,7 @@ def run_worker(
         fn, mode=mode.compile_mode, dynamic=True if spec.dynamic else None
     )
 
-    zero_grad = getattr(fn, "zero_grad", None)
-
-    def step() -> Any:
-        if mode.compile_mode == "reduce-overhead":
-            # A new step: Inductor's CUDA graphs may reuse the last one's
-            # outputs (a training step's backward needs it said).
-            torch.compiler.cudagraph_mark_step_begin()
-        if zero_grad is not None:
-            # Gradients set to None, as a training loop's zero_grad() does:
-            # accumulating into the last step's would read reduce-overhead's
-            # outputs after its next replay overwrote them.
-            zero_grad()
-        out = compiled(*args)
-        if spec.train:
-            out.backward()
-        return out
-
+    step = make_step(fn, compiled, args, mode, spec)
     perf_hints = _PerfHints() if mode.imports_torch_cppwrap else None
     counters.clear()
     before = loaded_module_count()
@@ -764,6 +748,44 @@ def run_worker(
             result["waited_for_timing_s"] = turns.take(alone=True)
         _time_calls(result, step, modules, mode, spec, budget, memory, grad_mode)
     return result
+
+
+def make_step(
+    fn: Callable[..., Any],
+    compiled: Callable[..., Any],
+    args: tuple[Any, ...],
+    mode: Mode,
+    spec: Workload,
+) -> Callable[[], Any]:
+    """One step as every mode times it: `compiled` on `args`, with what a
+    loop around it does in that mode."""
+    # A training step's zero_grad (models.py).  Only there: an inference
+    # model built as an nn.Module (timm's) has one too, and setting each of
+    # its parameters' grad to None in Python costs ~400 µs a call on
+    # ViT-Tiny, which no inference loop pays.
+    zero_grad = getattr(fn, "zero_grad", None) if spec.train else None
+    # A new step for reduce-overhead: Inductor's CUDA graphs may reuse the
+    # last one's outputs (a training step's backward needs it said).
+    mark_step = None
+    if mode.compile_mode == "reduce-overhead":
+        import torch
+
+        mark_step = torch.compiler.cudagraph_mark_step_begin
+
+    def step() -> Any:
+        if mark_step is not None:
+            mark_step()
+        if zero_grad is not None:
+            # Gradients set to None, as a training loop's zero_grad() does:
+            # accumulating into the last step's would read reduce-overhead's
+            # outputs after its next replay overwrote them.
+            zero_grad()
+        out = compiled(*args)
+        if spec.train:
+            out.backward()
+        return out
+
+    return step
 
 
 def _time_calls(

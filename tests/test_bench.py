@@ -220,6 +220,33 @@ class TestBenchWorker(TestCase):
         for mode in ("cppwrap-no-replay", "python", "upstream", "reduce-overhead"):
             self.assertFalse(_bench.replays_graphs(_bench.MODES[mode]), mode)
 
+    def test_only_a_training_step_zeroes_gradients(self) -> None:
+        # timm's models are built as nn.Modules, which have a zero_grad of
+        # their own: an inference step must not call it (it costs ~400 µs a
+        # call on ViT-Tiny); a training step calls the one models.py gives.
+        import dataclasses
+
+        import torch
+
+        model = torch.nn.Linear(4, 4).eval()
+        args = (torch.randn(2, 4),)
+        inference = dataclasses.replace(_bench.WORKLOADS["seed"], train=False)
+        with mock.patch.object(model, "zero_grad") as zero_grad:
+            step = _bench.make_step(
+                model, model, args, _bench.MODES["python"], inference
+            )
+            step()
+        zero_grad.assert_not_called()
+
+        def loss(x: torch.Tensor) -> torch.Tensor:
+            return model(x).sum()
+
+        loss.zero_grad = mock.Mock()  # type: ignore[attr-defined]
+        training = dataclasses.replace(inference, train=True)
+        _bench.make_step(loss, loss, args, _bench.MODES["python"], training)()
+        loss.zero_grad.assert_called_once_with()  # type: ignore[attr-defined]
+        self.assertIsNotNone(model.weight.grad)
+
     def test_seed_cppwrap_quick(self) -> None:
         with tempfile.TemporaryDirectory() as cache_dir:
             result = _bench.spawn_worker(

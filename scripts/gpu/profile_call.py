@@ -276,18 +276,9 @@ def child(
     compiled = torch.compile(
         fn, mode=mode.compile_mode, dynamic=True if spec.dynamic else None
     )
-    mark_step = getattr(torch.compiler, "cudagraph_mark_step_begin", None)
-    if mode.compile_mode != "reduce-overhead":
-        mark_step = None
-
-    def step() -> None:
-        # As bench.py's worker: a new step for Inductor's CUDA graphs, and a
-        # training step's backward.
-        if mark_step is not None:
-            mark_step()
-        result = compiled(*args)
-        if spec.train:
-            result.backward()
+    # bench.py's step: a new step for Inductor's CUDA graphs, a training
+    # step's zero_grad and backward.
+    step = bench.make_step(fn, compiled, args, mode, spec)
 
     record: dict[str, Any] = {
         "workload": workload,

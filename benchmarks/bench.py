@@ -1244,14 +1244,19 @@ TIMED = (
 
 def _best_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """One warm result from several rounds: the first round's, with each time
-    the fastest any round measured (an error in any round is kept)."""
+    the fastest any round measured (an error in any round is kept), and
+    under "probe_of" the host probe of the round each time came from."""
     best = dict(rounds[0])
+    best["probe_of"] = {
+        key: best.get("host_probe_us") for key in TIMED if best.get(key) is not None
+    }
     for r in rounds[1:]:
         if "error" in r and "error" not in best:
             best["error"] = r["error"]
         for key in TIMED:
             if r.get(key) is not None and (best.get(key) is None or r[key] < best[key]):
                 best[key] = r[key]
+                best["probe_of"][key] = r.get("host_probe_us")
     best["ok"] = all(r.get("ok") for r in rounds)
     best["rounds"] = len(rounds)
     return best
@@ -1335,18 +1340,28 @@ def _meta(
         ),
         # The host's speed before each timing (host_probe_us), fastest and
         # slowest over the warm processes.
-        "host_probe_us": _spread(r["warm"].get("host_probe_us") for r in records),
+        "host_probe_us": _spread(
+            w.get("host_probe_us") for r in records for w in _warm_rounds(r)
+        ),
         # The CPUs the warm processes timed on, and whether they were pinned
         # there (--timing-cpu).
         "timing_cpus": sorted(
             {
-                r["warm"]["timing_cpu"]
+                w["timing_cpu"]
                 for r in records
-                if r["warm"].get("timing_cpu") is not None
+                for w in _warm_rounds(r)
+                if w.get("timing_cpu") is not None
             }
         ),
-        "timing_cpu_pinned": any(r["warm"].get("timing_cpu_pinned") for r in records),
+        "timing_cpu_pinned": any(
+            w.get("timing_cpu_pinned") for r in records for w in _warm_rounds(r)
+        ),
     }
+
+
+def _warm_rounds(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every warm process of a row (one per round)."""
+    return record.get("warm_rounds") or [record["warm"]]
 
 
 def _spread(values: Iterable[float | None]) -> list[float] | None:
@@ -1389,20 +1404,27 @@ HOST_PROBE_SPREAD = 1.5
 def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """torch_cppwrap's metric divided by the Python wrapper's and upstream's,
     per workload (below 1: torch_cppwrap is faster), and the comparisons of
-    CUDA_RATIOS where both modes ran; for each pair of modes compared, the
-    ratio of their warm processes' host probes ("host_probe:{mode}/{base}"),
-    and under "host_apart" the keys of the ratios of times per call whose two
-    rows' probes are more than HOST_PROBE_SPREAD apart."""
+    CUDA_RATIOS where both modes ran; for each ratio, that of the host
+    probes of the warm processes its two times came from
+    ("host_probe:{key}"), and under "host_apart" the keys of the ratios of
+    times per call whose two probes are more than HOST_PROBE_SPREAD apart."""
     by_key = {(r["workload"], r["mode"]): r for r in records}
 
     def value(mode: str, metric: str) -> float | None:
-        record = by_key.get((workload, mode)) or {}
-        if metric == "host_probe_us":
-            return (record.get("warm") or {}).get(metric)
-        return record.get(metric)
+        return (by_key.get((workload, mode)) or {}).get(metric)
 
-    def ratio(metric: str, mode: str, base: str) -> float | None:
-        a, b = value(mode, metric), value(base, metric)
+    def probe(mode: str, metric: str) -> float | None:
+        """The host probe of the warm process that timed `metric`."""
+        warm = (by_key.get((workload, mode)) or {}).get("warm") or {}
+        return (warm.get("probe_of") or {}).get(metric, warm.get("host_probe_us"))
+
+    def ratio(
+        metric: str,
+        mode: str,
+        base: str,
+        of: Callable[[str, str], float | None] = value,
+    ) -> float | None:
+        a, b = of(mode, metric), of(base, metric)
         return a / b if a is not None and b else None
 
     # (key in a row, metric, mode, against mode) of every ratio.
@@ -1422,8 +1444,8 @@ def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"workload": workload, "host_apart": []}
         for key, metric, mode, base in compared:
             row[key] = ratio(metric, mode, base)
-            probes = ratio("host_probe_us", mode, base)
-            row[f"host_probe:{mode}/{base}"] = probes
+            probes = ratio(metric, mode, base, of=probe)
+            row[f"host_probe:{key}"] = probes
             if (
                 row[key] is not None
                 and metric in PER_CALL_METRICS

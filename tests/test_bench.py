@@ -379,9 +379,11 @@ class TestReport(TestCase):
         for record, probe in zip(records, (2.0, 3.5, 3.0), strict=True):
             record["warm"] = {"host_probe_us": probe}
         (row,) = _bench.ratios(records)
-        self.assertAlmostEqual(row["host_probe:cppwrap/python"], 1.75)
-        self.assertAlmostEqual(row["host_probe:cppwrap/reduce-overhead"], 3.5 / 3.0)
-        self.assertIsNone(row["host_probe:cppwrap/upstream"])
+        self.assertAlmostEqual(row["host_probe:call_us/python"], 1.75)
+        self.assertAlmostEqual(
+            row["host_probe:e2e_us:cppwrap/reduce-overhead"], 3.5 / 3.0
+        )
+        self.assertIsNone(row["host_probe:call_us/upstream"])
         report = self._report(records)
         text = _bench.markdown(report)
         # Times per call against the Python wrapper are marked, its compile
@@ -394,6 +396,43 @@ class TestReport(TestCase):
         text = _bench.markdown(self._report(records))
         self.assertIn("| seed | 0.50 | 0.50 | 0.50 | 0.50 | - |", text)
         self.assertNotIn("†", text)
+
+    def test_a_time_is_marked_by_the_probe_of_the_round_that_timed_it(self) -> None:
+        # Ours' first round ran on a host 3x slower than the Python
+        # wrapper's, its second as fast: each fastest time came from the
+        # second round, so no ratio's hosts were apart.
+        def timed(scale: float, probe: float) -> dict:
+            return {
+                "compile_s": 2 * scale,
+                "e2e_us": 100 * scale,
+                "call_us": 10 * scale,
+                "ok": True,
+                "host_probe_us": probe,
+            }
+
+        rounds = {
+            "python": [timed(2.0, 2.0)],
+            "cppwrap": [timed(3.0, 6.0), timed(1.0, 2.0)],
+        }
+        records = [
+            {
+                **_bench._merge("seed", mode, {"ok": True}, _bench._best_round(r)),
+                "warm_rounds": r,
+            }
+            for mode, r in rounds.items()
+        ]
+        (row,) = _bench.ratios(records)
+        self.assertAlmostEqual(row["e2e_us/python"], 0.5)
+        self.assertAlmostEqual(row["host_probe:e2e_us/python"], 1.0)
+        self.assertEqual(row["host_apart"], [])
+        report = self._report(records)
+        self.assertEqual(report["meta"]["host_probe_us"], [2.0, 6.0])
+        self.assertNotIn("†", _bench.markdown(report))
+        # Had the slow host's round timed the fastest, they would be.
+        records[1]["warm"] = _bench._best_round([timed(3.0, 2.0), timed(1.0, 6.0)])
+        self.assertEqual(
+            _bench.ratios(records)[0]["host_apart"], ["call_us/python", "e2e_us/python"]
+        )
 
     def test_compile_phases_that_differ(self) -> None:
         cold_phases = {

@@ -1416,7 +1416,8 @@ def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     def probe(mode: str, metric: str) -> float | None:
         """The host probe of the warm process that timed `metric`."""
         warm = (by_key.get((workload, mode)) or {}).get("warm") or {}
-        return (warm.get("probe_of") or {}).get(metric, warm.get("host_probe_us"))
+        timed_as = "compile_s" if metric == "warm_compile_s" else metric
+        return (warm.get("probe_of") or {}).get(timed_as, warm.get("host_probe_us"))
 
     def ratio(
         metric: str,

@@ -640,9 +640,11 @@ def current_cpu() -> int | None:
 def pin_timing_thread() -> int | None:
     """Pins the calling thread (the one that times) to the CPU that
     TIMING_CPU_ENV names, if it names one, and returns the CPU it runs on.
-    Processes of one host differ by up to 2x in the host probe; pinned to
-    one CPU, every mode times where every other does.  Only this thread
-    moves: the driver's and torch's own threads stay where they were."""
+    Pinned, every mode times on the same CPU and no timing moves between
+    CPUs halfway.  It does not steady a host whose CPUs slow down in spells
+    (the H200's: any CPU, for a while; scripts/gpu/host_cores.py shows
+    them), which only more rounds do.  Only this thread moves: the
+    driver's and torch's own threads stay where they were."""
     cpu = os.environ.get(TIMING_CPU_ENV)
     if cpu is not None:
         os.sched_setaffinity(0, {int(cpu)})
@@ -1869,8 +1871,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="CPU",
         help="pin the thread that times, in every warm process, to this CPU "
-        "(Linux): processes of one host can differ 2x in speed by where they "
-        "run (scripts/gpu/host_cores.py finds the fastest CPU); default: unpinned",
+        "(Linux), so that every mode times on the same one; it does not steady "
+        "CPUs that slow down in spells, as the device's do: use --rounds "
+        "(scripts/gpu/host_cores.py probes each CPU); default: unpinned",
     )
     parser.add_argument(
         "--threads",

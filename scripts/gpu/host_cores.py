@@ -5,9 +5,12 @@ apart by its host probe (an eager in-place add on a 0-d CPU tensor,
 bench.py's host_probe_us), process to process.  This runs that probe pinned
 to each CPU in turn, `--passes` times over, and prints a table: the CPU, its
 NUMA node and hyperthread siblings, the probe's fastest, median and slowest
-pass.  If the CPUs differ, the bench's `--timing-cpu` pins every warm
-process's timing to one of them; `--print-fastest` prints just the CPU
-whose median is lowest, for a script:
+pass.  CPUs slow in every scan would be a place to keep the bench's
+timing away from (its `--timing-cpu` pins it to one CPU); CPUs slow in one
+scan and fast in the next are a host that slows down in spells, as the
+H200's did in session 24, which only more rounds of the bench steady.
+`--print-fastest` prints just the CPU whose median is lowest, for a
+script:
 
     python scripts/gpu/host_cores.py --out host_cores.json
     CPU=$(python scripts/gpu/host_cores.py --print-fastest 2>/dev/null)

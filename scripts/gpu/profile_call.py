@@ -20,7 +20,9 @@ backward; the rest under no_grad):
   memcpy_memset_per_call says how many of them these are), and
   launch_api_calls_per_call: CPU-side launch calls per call
   (cudaLaunchKernel, cuLaunchKernel(Ex), cudaGraphLaunch...; one graph
-  launch runs many kernels);
+  launch runs many kernels).  The profiler does not record the driver's
+  cuGraphLaunch, so ours replayed, which launches its graph so, counts 0
+  where it makes one launch a graph;
 - host_us_per_launch: host_us / kernels_per_call, the host's cost per kernel
   launched: what torch_cppwrap's C++ wrapper, run kernel by kernel
   (cppwrap-no-replay), should cut to a third of the Python wrapper's;

@@ -1406,10 +1406,10 @@ HOST_PROBE_SPREAD = 1.5
 def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """torch_cppwrap's metric divided by the Python wrapper's and upstream's,
     per workload (below 1: torch_cppwrap is faster), and the comparisons of
-    CUDA_RATIOS where both modes ran; for each ratio, that of the host
-    probes of the warm processes its two times came from
-    ("host_probe:{key}"), and under "host_apart" the keys of the ratios of
-    times per call whose two probes are more than HOST_PROBE_SPREAD apart."""
+    CUDA_RATIOS where both modes ran; for each ratio of times per call, that
+    of the host probes of the warm processes its two times came from
+    ("host_probe:{key}"), and under "host_apart" the keys of those whose two
+    probes are more than HOST_PROBE_SPREAD apart."""
     by_key = {(r["workload"], r["mode"]): r for r in records}
 
     def value(mode: str, metric: str) -> float | None:
@@ -1418,8 +1418,7 @@ def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     def probe(mode: str, metric: str) -> float | None:
         """The host probe of the warm process that timed `metric`."""
         warm = (by_key.get((workload, mode)) or {}).get("warm") or {}
-        timed_as = "compile_s" if metric == "warm_compile_s" else metric
-        return (warm.get("probe_of") or {}).get(timed_as, warm.get("host_probe_us"))
+        return (warm.get("probe_of") or {}).get(metric, warm.get("host_probe_us"))
 
     def ratio(
         metric: str,
@@ -1447,11 +1446,11 @@ def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"workload": workload, "host_apart": []}
         for key, metric, mode, base in compared:
             row[key] = ratio(metric, mode, base)
-            probes = ratio(metric, mode, base, of=probe)
-            row[f"host_probe:{key}"] = probes
+            if metric not in PER_CALL_METRICS:
+                continue
+            probes = row[f"host_probe:{key}"] = ratio(metric, mode, base, of=probe)
             if (
                 row[key] is not None
-                and metric in PER_CALL_METRICS
                 and probes is not None
                 and not 1 / HOST_PROBE_SPREAD <= probes <= HOST_PROBE_SPREAD
             ):

@@ -593,6 +593,14 @@ TIMING_LOCK_ENV = "TORCH_CPPWRAP_BENCH_TIMING_LOCK"
 # The CPU that warm workers time on (--timing-cpu); see pin_timing_thread.
 TIMING_CPU_ENV = "TORCH_CPPWRAP_BENCH_TIMING_CPU"
 
+# How long a warm worker may wait, before it times, for the host's other
+# processes to fall quiet (--settle-s); see settle_host.
+SETTLE_ENV = "TORCH_CPPWRAP_BENCH_SETTLE_S"
+# Other processes' CPU use, in CPUs, under which the host counts as quiet,
+# averaged over windows of SETTLE_WINDOW_S.
+QUIET_CPUS = 0.5
+SETTLE_WINDOW_S = 0.2
+
 # Calls made before time_per_call sizes its repeats.
 WARM_UP_CALLS = 3
 # Calls timed one by one on an idle GPU for a CUDA row's host time per call.
@@ -649,6 +657,98 @@ def pin_timing_thread() -> int | None:
     if cpu is not None:
         os.sched_setaffinity(0, {int(cpu)})
     return current_cpu()
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuSample:
+    """The host's CPU time so far (Linux's /proc/stat) and this process's
+    own, in seconds."""
+
+    at: float
+    busy: float  # every CPU's time not idle, waiting on I/O or stolen
+    steal: float  # time the hypervisor gave the CPUs to other machines
+    own: float  # this process's, every thread's
+    thread: float = 0.0  # the sampling thread's (the one that times)
+
+
+def cpu_sample() -> CpuSample | None:
+    """Now's CpuSample, or None where /proc/stat is not there."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    # cpu user nice system idle iowait irq softirq steal [guest ...]; a
+    # guest's time is in user and nice already.
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(v) for v in fields[1:9]
+    )
+    hz = os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return CpuSample(
+        at=time.monotonic(),
+        busy=(user + nice + system + irq + softirq) / hz,
+        steal=steal / hz,
+        own=own.user + own.system,
+        thread=time.thread_time(),
+    )
+
+
+def host_load(
+    before: CpuSample | None, after: CpuSample | None
+) -> dict[str, float] | None:
+    """What else the host did between two samples, in CPUs: other
+    processes' time ("others_cpus"), the time the hypervisor took away
+    ("steal_cpus"), and this process's threads other than the sampling one
+    ("own_threads_cpus": the driver's, torch's, a busy Python thread's).  A
+    timing that shares the host with any of them may run slower for it."""
+    if before is None or after is None or after.at <= before.at:
+        return None
+    span = after.at - before.at
+    others = (after.busy - before.busy) - (after.own - before.own)
+    return {
+        "others_cpus": round(max(others, 0.0) / span, 3),
+        "steal_cpus": round((after.steal - before.steal) / span, 3),
+        "own_threads_cpus": round(
+            max((after.own - after.thread) - (before.own - before.thread), 0.0) / span,
+            3,
+        ),
+    }
+
+
+def settle_host(max_wait_s: float) -> dict[str, Any]:
+    """Waits, up to `max_wait_s`, until the host's other processes use fewer
+    than QUIET_CPUS over a window of SETTLE_WINDOW_S (the compile workers of
+    a process that just compiled may still be starting up or exiting);
+    returns the seconds waited and the last window's host_load."""
+    started = time.monotonic()
+    while True:
+        before = cpu_sample()
+        time.sleep(SETTLE_WINDOW_S)
+        load = host_load(before, cpu_sample())
+        waited = time.monotonic() - started
+        if load is None or load["others_cpus"] < QUIET_CPUS or waited >= max_wait_s:
+            return {"settle_waited_s": round(waited, 3), "load_before_timing": load}
+
+
+def child_processes() -> int | None:
+    """How many processes this one started are still there (Linux), or None
+    where unknown: compile workers that outlive their compile time beside
+    the timing."""
+    me = str(os.getpid())
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return None
+    count = 0
+    for pid in entries:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue  # gone since the listing
+        # Field 4, counted after the command name's closing parenthesis.
+        if stat.rsplit(")", 1)[1].split()[1] == me:
+            count += 1
+    return count
 
 
 @functools.cache
@@ -808,6 +908,9 @@ def _time_calls(
     )
     result["timing_cpu"] = pin_timing_thread()
     result["timing_cpu_pinned"] = TIMING_CPU_ENV in os.environ
+    result["children_at_timing"] = child_processes()
+    result.update(settle_host(float(os.environ.get(SETTLE_ENV, "0"))))
+    before = cpu_sample()
     result["host_probe_us"] = host_probe_us(budget)
     with grad_mode():
         e2e = time_per_call(
@@ -861,6 +964,8 @@ def _time_calls(
     if timed and len(timed) == len(calls):
         result["call_us_median"] = sum(c.median_us for c in timed)
         result["call_us"] = sum(c.min_us for c in timed)
+    # What else ran on the host while this process timed.
+    result["load_during_timing"] = host_load(before, cpu_sample())
     if mode.imports_torch_cppwrap and device == "cuda":
         result["replay"] = [_replay_state(m) for m in modules]
 
@@ -1088,6 +1193,7 @@ def run_bench(
     jobs: int = 1,
     warm_jobs: int = 1,
     timing_cpu: int | None = None,
+    settle_s: float = 0.0,
 ) -> dict[str, Any]:
     """Runs every workload in every mode: a cold compile per mode, then
     `rounds` rounds of warm compile + timing per mode.  `on_record` gets the
@@ -1101,7 +1207,9 @@ def run_bench(
     processes of that many workloads run side by side, and take turns to
     time (a lock file, TIMING_LOCK_ENV): no two time at once, but one may
     time while another starts up and loads its compiled code.  With
-    `timing_cpu`, each warm process times pinned to that CPU."""
+    `timing_cpu`, each warm process times pinned to that CPU.  Each waits up
+    to `settle_s` before it times for the host's other processes to fall
+    quiet (settle_host)."""
     by_workload: dict[str, list[dict[str, Any]]] = {}
     steps = len(workloads) * sum(
         rounds + (MODES[m].cold_from not in modes) for m in modes
@@ -1208,6 +1316,8 @@ def run_bench(
     with installation as extra_env:
         if timing_cpu is not None:
             extra_env[TIMING_CPU_ENV] = str(timing_cpu)
+        if settle_s > 0:
+            extra_env[SETTLE_ENV] = str(settle_s)
         try:
             if jobs > 1 or warm_jobs > 1:
                 with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
@@ -1357,6 +1467,33 @@ def _meta(
         ),
         "timing_cpu_pinned": any(
             w.get("timing_cpu_pinned") for r in records for w in _warm_rounds(r)
+        ),
+        # What else the host ran while the warm processes timed (host_load),
+        # fewest and most CPUs over them, and the longest wait for it to fall
+        # quiet first (--settle-s).
+        "others_cpus_during_timing": _spread(
+            (w.get("load_during_timing") or {}).get("others_cpus")
+            for r in records
+            for w in _warm_rounds(r)
+        ),
+        "steal_cpus_during_timing": _spread(
+            (w.get("load_during_timing") or {}).get("steal_cpus")
+            for r in records
+            for w in _warm_rounds(r)
+        ),
+        "own_threads_cpus_during_timing": _spread(
+            (w.get("load_during_timing") or {}).get("own_threads_cpus")
+            for r in records
+            for w in _warm_rounds(r)
+        ),
+        "max_settle_waited_s": max(
+            (
+                w["settle_waited_s"]
+                for r in records
+                for w in _warm_rounds(r)
+                if w.get("settle_waited_s") is not None
+            ),
+            default=None,
         ),
     }
 
@@ -1605,6 +1742,28 @@ def markdown(report: dict[str, Any]) -> str:
             f"- host speed: an eager in-place add on a 0-d CPU tensor took "
             f"{probe[0]:.2f}-{probe[1]:.2f} µs in the warm processes before "
             "timing; compare tables of other runs only with this in mind."
+        )
+    others, steal, own = (
+        meta.get("others_cpus_during_timing"),
+        meta.get("steal_cpus_during_timing"),
+        meta.get("own_threads_cpus_during_timing"),
+    )
+
+    def cpus_range(spread: list[float] | None) -> str:
+        return f"{spread[0]:.2f}-{spread[1]:.2f}" if spread else "?"
+
+    if others or steal:
+        lines.append(
+            "- the host while the warm processes timed: other processes used "
+            f"{cpus_range(others)} CPUs, the hypervisor took {cpus_range(steal)}, "
+            f"the timing process's other threads {cpus_range(own)} "
+            "(each row's in bench.json, `load_during_timing`)"
+            + (
+                f"; each waited up to {meta['max_settle_waited_s']:.1f} s for the "
+                f"others to fall under {QUIET_CPUS} CPUs first (`--settle-s`)."
+                if meta.get("max_settle_waited_s")
+                else "."
+            )
         )
     cpus = ", ".join(map(str, meta.get("timing_cpus") or ()))
     if cpus:
@@ -1875,6 +2034,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(scripts/gpu/host_cores.py probes each CPU); default: unpinned",
     )
     parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="before it times, each warm process waits up to S seconds for "
+        f"the host's other processes to use fewer than {QUIET_CPUS} CPUs "
+        "(compile workers still starting or exiting, Linux); every row "
+        "records what else ran while it timed either way; default 0",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -1905,6 +2074,9 @@ def run_from_args(ns: argparse.Namespace) -> int:
             f"error: --timing-cpu {ns.timing_cpu} is not a CPU this process may run on"
         )
         return 2
+    if ns.settle_s < 0:
+        progress(f"error: --settle-s must not be negative, got {ns.settle_s}")
+        return 2
     if ns.device == "cuda":
         import torch
 
@@ -1931,6 +2103,7 @@ def run_from_args(ns: argparse.Namespace) -> int:
         jobs=ns.jobs,
         warm_jobs=ns.warm_jobs,
         timing_cpu=ns.timing_cpu,
+        settle_s=ns.settle_s,
         # Rows so far, rewritten after each one: a run stopped by a time limit
         # still leaves its table behind.
         on_record=lambda partial: write_report(partial, ns.out, final=False),

@@ -134,6 +134,79 @@ class TestTimingCpu(TestCase):
         self.assertEqual(after, allowed)
 
 
+@unittest.skipUnless(os.path.exists("/proc/stat"), "reads Linux's /proc")
+class TestHostLoad(TestCase):
+    """What else runs on the host while a worker times (host_load), and the
+    wait for it to fall quiet first (settle_host)."""
+
+    def _busy_child(self, seconds: float) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                f"import time\nt = time.monotonic()\nwhile time.monotonic() - t < {seconds}: pass",
+            ]
+        )
+        self.addCleanup(proc.wait)
+        self.addCleanup(proc.kill)
+        time.sleep(0.2)  # started, and spinning
+        return proc
+
+    def test_another_process_counts(self) -> None:
+        self._busy_child(3.0)
+        self.assertGreaterEqual(_bench.child_processes(), 1)
+        before = _bench.cpu_sample()
+        time.sleep(0.4)
+        load = _bench.host_load(before, _bench.cpu_sample())
+        self.assertGreater(load["others_cpus"], 0.5)
+        self.assertGreaterEqual(load["steal_cpus"], 0.0)
+
+    @staticmethod
+    def _sample(
+        at: float, busy: float, own: float, steal: float = 0.0, thread: float = 0.0
+    ):
+        return _bench.CpuSample(at=at, busy=busy, steal=steal, own=own, thread=thread)
+
+    def test_this_process_is_left_out(self) -> None:
+        # 2 s: the host busy for 5 CPU-seconds, 3 of them this process's,
+        # 2 of those the sampling thread's.
+        load = _bench.host_load(
+            self._sample(10.0, 100.0, 1.0),
+            self._sample(12.0, 105.0, 4.0, steal=1.0, thread=2.0),
+        )
+        self.assertEqual(
+            load, {"others_cpus": 1.0, "steal_cpus": 0.5, "own_threads_cpus": 0.5}
+        )
+        self.assertIsNone(_bench.host_load(None, self._sample(1.0, 1.0, 1.0)))
+
+    def test_settle_waits_for_the_others_to_fall_quiet(self) -> None:
+        # Windows of 1 s: two with another process on 2 CPUs, then a quiet one.
+        busy = iter([0, 2, 2, 4, 4, 4.1])
+        clock = iter(range(100))
+
+        def sample():
+            return self._sample(float(next(clock)), next(busy), 0.0)
+
+        with (
+            mock.patch.object(_bench, "cpu_sample", sample),
+            mock.patch.object(_bench, "SETTLE_WINDOW_S", 0.0),
+        ):
+            settled = _bench.settle_host(30.0)
+        self.assertEqual(
+            settled["load_before_timing"],
+            {"others_cpus": 0.1, "steal_cpus": 0.0, "own_threads_cpus": 0.0},
+        )
+        self.assertIsNone(next(busy, None))  # three windows, no more
+
+    def test_settle_gives_up_after_its_time(self) -> None:
+        self._busy_child(5.0)
+        settled = _bench.settle_host(0.0)
+        self.assertLess(settled["settle_waited_s"], 1.0)
+        self.assertGreater(
+            settled["load_before_timing"]["others_cpus"], _bench.QUIET_CPUS
+        )
+
+
 class TestCudaTiming(TestCase):
     """_time_calls's CUDA branch with its device parts stubbed, since no
     test runs the bench on a GPU: which rows get a latency, and which a
@@ -271,6 +344,14 @@ class TestBenchWorker(TestCase):
         self.assertGreater(result["call_us"], 0)
         self.assertGreater(result["host_probe_us"], 0)
         self.assertIs(result["timing_cpu_pinned"], False)
+        # What else ran beside the timing, and the (here skipped) wait for quiet.
+        if os.path.exists("/proc/stat"):
+            self.assertEqual(
+                set(result["load_during_timing"]),
+                {"others_cpus", "steal_cpus", "own_threads_cpus"},
+            )
+            self.assertGreaterEqual(result["children_at_timing"], 0)
+            self.assertLess(result["settle_waited_s"], 1.0)
         # A synchronize after each call only means something on a GPU.
         self.assertNotIn("e2e_sync_us", result)
         # A compile in a new cache builds our module, timed as Inductor's
@@ -367,6 +448,40 @@ class TestReport(TestCase):
         self.assertEqual(report["meta"]["host_probe_us"], [1.5, 2.25])
         self.assertIn("took 1.50-2.25 µs in the warm processes", text)
         self.assertNotIn("Cold compile by phase", text)
+        # No row recorded what else ran while it timed.
+        self.assertNotIn("the host while the warm processes timed", text)
+
+    def test_what_else_ran_while_timing_is_reported(self) -> None:
+        records = [self._record("python", 2.0), self._record("cppwrap", 1.0)]
+        records[0]["warm"] = {
+            "load_during_timing": {
+                "others_cpus": 1.25,
+                "steal_cpus": 0.5,
+                "own_threads_cpus": 0.25,
+            },
+            "settle_waited_s": 3.0,
+        }
+        records[1]["warm"] = {
+            "load_during_timing": {
+                "others_cpus": 0.0,
+                "steal_cpus": 0.0,
+                "own_threads_cpus": 1.0,
+            },
+            "settle_waited_s": 0.2,
+        }
+        meta = _bench._meta("cpu", True, ["seed"], ["python", "cppwrap"], records)
+        self.assertEqual(meta["others_cpus_during_timing"], [0.0, 1.25])
+        self.assertEqual(meta["steal_cpus_during_timing"], [0.0, 0.5])
+        self.assertEqual(meta["max_settle_waited_s"], 3.0)
+        text = _bench.markdown(
+            {"meta": meta, "results": records, "ratios": _bench.ratios(records)}
+        )
+        self.assertIn(
+            "other processes used 0.00-1.25 CPUs, the hypervisor took 0.00-0.50, "
+            "the timing process's other threads 0.25-1.00",
+            text,
+        )
+        self.assertIn("waited up to 3.0 s", text)
 
     def test_per_call_ratios_of_hosts_apart_are_marked(self) -> None:
         records = [

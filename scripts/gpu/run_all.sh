@@ -21,6 +21,8 @@
 # step ends),
 # TIMING_CPU (the bench's --timing-cpu: a CPU, or "auto" for the fastest
 # one by host_cores.py),
+# SETTLE_S (the bench's --settle-s, default 10: each warm process waits up
+# to that long for the host's other processes to fall quiet before it times),
 # DIST_TEST_TIMEOUT, DIST_BENCH_TIMEOUT,
 # DIST_BENCH_ARGS (passed to bench_tp.py, e.g. --blocks 4).
 set -u -o pipefail
@@ -83,6 +85,7 @@ if has_step bench; then
     fi
     timeout "${BENCH_TIMEOUT:-400}" $PYTHON benchmarks/bench.py --device cuda \
         --out "$OUT/bench" --rounds 1 ${TIMING_CPU:+--timing-cpu $TIMING_CPU} \
+        --settle-s "${SETTLE_S:-10}" \
         ${BENCH_ARGS:-}
     echo "benchmark exit status: $?"
 fi

@@ -354,21 +354,33 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def host_times_us(
+def call_times_us(
     f: Callable[[], Any], sync: Callable[[], None], calls: int
-) -> list[float]:
-    """The host time of each of `calls` calls of `f`, each issued on an idle
-    device (`sync` first), in µs: what a call costs the host, with nothing
-    queued that a launch could wait behind."""
-    times = []
+) -> tuple[list[float], list[float]]:
+    """Each of `calls` calls of `f`, issued on an idle device (`sync`
+    first), timed twice in µs: until `f` returns (the host's time, with
+    nothing queued that a launch could wait behind), and until the device
+    has finished it too (the call's latency, one by one: unlike a mean over
+    calls, its median is not moved by a rare slow call)."""
+    host, latency = [], []
     with gc_paused():
         for _ in range(calls):
             sync()
             start = time.perf_counter()
             f()
-            times.append((time.perf_counter() - start) * 1e6)
-    sync()
-    return times
+            returned = time.perf_counter()
+            sync()
+            host.append((returned - start) * 1e6)
+            latency.append((time.perf_counter() - start) * 1e6)
+    return host, latency
+
+
+def host_times_us(
+    f: Callable[[], Any], sync: Callable[[], None], calls: int
+) -> list[float]:
+    """The host time of each of `calls` calls of `f`, each issued on an idle
+    device (call_times_us)."""
+    return call_times_us(f, sync, calls)[0]
 
 
 def new_compiled_modules(before: int) -> list[Any]:
@@ -942,8 +954,11 @@ def _time_calls(
             # Host time: a call issued on an idle GPU, the median of
             # HOST_CALLS.  What the wrapper costs the host per call, which
             # e2e hides where the GPU is the slower of the two, and to which
-            # latency adds the GPU's time.
-            result["host_us"] = statistics.median(host_times_us(step, sync, HOST_CALLS))
+            # latency adds the GPU's time.  The same calls' median latency
+            # sets a rare slow call apart from a slow call.
+            host, latency_each = call_times_us(step, sync, HOST_CALLS)
+            result["host_us"] = statistics.median(host)
+            result["latency_p50_us"] = statistics.median(latency_each)
         # CUDA graphs replay the whole graph; its module's `call` alone is
         # not what runs, so there is nothing honest to time: reduce-overhead
         # does not run `call` at all, and ours, given get_args()'s plain
@@ -1349,6 +1364,7 @@ TIMED = (
     "e2e_sync_us",
     "e2e_sync_us_median",
     "host_us",
+    "latency_p50_us",
     "call_us",
     "call_us_median",
 )
@@ -1523,6 +1539,12 @@ RATIO_METRICS = (
 CUDA_RATIOS = (
     ("e2e_us", "cppwrap", "reduce-overhead", "e2e ours/reduce-overhead"),
     ("e2e_sync_us", "cppwrap", "reduce-overhead", "latency ours/reduce-overhead"),
+    (
+        "latency_p50_us",
+        "cppwrap",
+        "reduce-overhead",
+        "median latency ours/reduce-overhead",
+    ),
     ("host_us", "cppwrap", "reduce-overhead", "host ours/reduce-overhead"),
     ("mem_peak_mb", "cppwrap", "reduce-overhead", "peak ours/reduce-overhead"),
     ("e2e_us", "cppwrap-no-replay", "python", "e2e kernel by kernel/python"),
@@ -1533,7 +1555,9 @@ CUDA_RATIOS = (
 
 # Times per call, which move with the host's speed (compile times and memory
 # move less, or not at all).
-PER_CALL_METRICS = frozenset({"call_us", "e2e_us", "e2e_sync_us", "host_us"})
+PER_CALL_METRICS = frozenset(
+    {"call_us", "e2e_us", "e2e_sync_us", "latency_p50_us", "host_us"}
+)
 # A ratio of times per call whose two rows' warm processes found the host
 # more than this much faster or slower than each other (host_probe_us) is
 # marked in the report: it measures the host as much as the wrappers.
@@ -1719,6 +1743,9 @@ def markdown(report: dict[str, Any]) -> str:
             "busier than the host takes the GPU's time whichever wrapper launched it); "
             f"host: the host's time for one call issued on an idle GPU, the median "
             f"of {HOST_CALLS} (what the wrapper costs the host per call); "
+            "median latency: those calls' latencies, each until the GPU had "
+            "finished it, their median (a rare slow call moves latency, the "
+            "mean, and not this); "
             "`call` is not timed for reduce-overhead or for ours replayed, whose "
             "replays are not the module's `call` on get_args()'s plain tensors."
             if cuda

@@ -273,10 +273,23 @@ class TestCudaTiming(TestCase):
             lambda: events.append("step"), lambda: events.append("sync"), 4
         )
         self.assertEqual(len(times), 4)
-        self.assertEqual(events, ["sync", "step"] * 4 + ["sync"])
+        self.assertEqual(events, ["sync", "step", "sync"] * 4)
         result, _ = self._time("cppwrap")
         self.assertGreater(result["host_us"], 0)
         self.assertIn("host_us", _bench.TIMED)  # the fastest round's is kept
+
+    def test_each_calls_latency_includes_the_wait_and_the_host_time_not(
+        self,
+    ) -> None:
+        # A device that takes 20 ms to finish each call the host issues in 0.
+        host, latency = _bench.call_times_us(lambda: None, lambda: time.sleep(0.02), 3)
+        self.assertEqual(len(latency), 3)
+        for h, whole in zip(host, latency, strict=True):
+            self.assertLess(h, 10_000)
+            self.assertGreaterEqual(whole, 20_000)
+        result, _ = self._time("cppwrap")
+        self.assertGreater(result["latency_p50_us"], 0)
+        self.assertIn("latency_p50_us", _bench.TIMED)
 
     def test_kernel_by_kernel_times_call(self) -> None:
         result, events = self._time("cppwrap-no-replay")
@@ -600,6 +613,9 @@ class TestReport(TestCase):
         # Latency (a synchronize after each call): ours 300 µs, CUDA graphs 400.
         records[1]["e2e_sync_us"] = 300.0
         records[3]["e2e_sync_us"] = 400.0
+        # The median call's latency: ours 250, CUDA graphs 500.
+        records[1]["latency_p50_us"] = 250.0
+        records[3]["latency_p50_us"] = 500.0
         # Host time per call (on an idle GPU): ours 120 against CUDA graphs'
         # 150; kernel by kernel 100 against the Python wrapper's 400.
         for record, host in zip(records, (400.0, 120.0, 100.0, 150.0), strict=True):
@@ -622,11 +638,15 @@ class TestReport(TestCase):
         self.assertAlmostEqual(row["mem_peak_mb:cppwrap/reduce-overhead"], 1.25)
         self.assertAlmostEqual(row["e2e_us:cppwrap-no-replay/python"], 0.5)
         self.assertAlmostEqual(row["e2e_sync_us:cppwrap/reduce-overhead"], 0.75)
+        self.assertAlmostEqual(row["latency_p50_us:cppwrap/reduce-overhead"], 0.5)
         self.assertAlmostEqual(row["host_us:cppwrap/reduce-overhead"], 0.8)
         self.assertAlmostEqual(row["host_us:cppwrap-no-replay/python"], 0.25)
         report = self._report(records)
         text = _bench.markdown(report)
-        self.assertIn("| seed | 0.80 | 0.75 | 0.80 | 1.25 | 0.50 | 0.25 | 0.50 |", text)
+        self.assertIn(
+            "| seed | 0.80 | 0.75 | 0.50 | 0.80 | 1.25 | 0.50 | 0.25 | 0.50 |", text
+        )
+        self.assertIn("| median latency ours/reduce-overhead |", text)
         # A CPU report has no latency or host column; a CUDA one has, "-"
         # where a mode has none.
         self.assertNotIn("latency µs/call", text)

@@ -680,7 +680,7 @@ class CpuSample:
     busy: float  # every CPU's time not idle, waiting on I/O or stolen
     steal: float  # time the hypervisor gave the CPUs to other machines
     own: float  # this process's, every thread's
-    thread: float = 0.0  # the sampling thread's (the one that times)
+    thread: float  # the sampling thread's (the one that times)
 
 
 def cpu_sample() -> CpuSample | None:
@@ -1487,21 +1487,14 @@ def _meta(
         # What else the host ran while the warm processes timed (host_load),
         # fewest and most CPUs over them, and the longest wait for it to fall
         # quiet first (--settle-s).
-        "others_cpus_during_timing": _spread(
-            (w.get("load_during_timing") or {}).get("others_cpus")
-            for r in records
-            for w in _warm_rounds(r)
-        ),
-        "steal_cpus_during_timing": _spread(
-            (w.get("load_during_timing") or {}).get("steal_cpus")
-            for r in records
-            for w in _warm_rounds(r)
-        ),
-        "own_threads_cpus_during_timing": _spread(
-            (w.get("load_during_timing") or {}).get("own_threads_cpus")
-            for r in records
-            for w in _warm_rounds(r)
-        ),
+        **{
+            f"{key}_during_timing": _spread(
+                (w.get("load_during_timing") or {}).get(key)
+                for r in records
+                for w in _warm_rounds(r)
+            )
+            for key in ("others_cpus", "steal_cpus", "own_threads_cpus")
+        },
         "max_settle_waited_s": max(
             (
                 w["settle_waited_s"]

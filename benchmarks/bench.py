@@ -646,15 +646,20 @@ class TimingTurns:
         self._file.close()
 
 
-def current_cpu() -> int | None:
-    """The CPU this thread runs on now (Linux), or None where unknown."""
+def _proc_stat(path: str) -> list[str] | None:
+    """The fields of a Linux /proc/.../stat file after the command name
+    (field 3 first), or None where it cannot be read.  The command name may
+    hold spaces, so the fields are counted from its closing parenthesis."""
     try:
-        stat = Path("/proc/thread-self/stat").read_text()
+        return Path(path).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    # Field 39; the command name (field 2) may hold spaces, so count from
-    # its closing parenthesis.
-    return int(stat.rsplit(")", 1)[1].split()[36])
+
+
+def current_cpu() -> int | None:
+    """The CPU this thread runs on now (Linux), or None where unknown."""
+    fields = _proc_stat("/proc/thread-self/stat")
+    return int(fields[36]) if fields else None  # field 39
 
 
 def pin_timing_thread() -> int | None:
@@ -751,16 +756,10 @@ def child_processes() -> int | None:
         entries = [e for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
         return None
-    count = 0
-    for pid in entries:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue  # gone since the listing
-        # Field 4, counted after the command name's closing parenthesis.
-        if stat.rsplit(")", 1)[1].split()[1] == me:
-            count += 1
-    return count
+    # Field 4 is the parent's pid; a process gone since the listing reads
+    # None and is not counted.
+    stats = (_proc_stat(f"/proc/{pid}/stat") for pid in entries)
+    return sum(1 for fields in stats if fields and fields[1] == me)
 
 
 @functools.cache
@@ -1434,6 +1433,8 @@ def _meta(
     import torch
 
     budget = QUICK if quick else FULL
+    # Every warm process (one per row and round).
+    warm = [w for r in records for w in _warm_rounds(r)]
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -1468,38 +1469,26 @@ def _meta(
         ),
         # The host's speed before each timing (host_probe_us), fastest and
         # slowest over the warm processes.
-        "host_probe_us": _spread(
-            w.get("host_probe_us") for r in records for w in _warm_rounds(r)
-        ),
+        "host_probe_us": _spread(w.get("host_probe_us") for w in warm),
         # The CPUs the warm processes timed on, and whether they were pinned
         # there (--timing-cpu).
         "timing_cpus": sorted(
-            {
-                w["timing_cpu"]
-                for r in records
-                for w in _warm_rounds(r)
-                if w.get("timing_cpu") is not None
-            }
+            {w["timing_cpu"] for w in warm if w.get("timing_cpu") is not None}
         ),
-        "timing_cpu_pinned": any(
-            w.get("timing_cpu_pinned") for r in records for w in _warm_rounds(r)
-        ),
+        "timing_cpu_pinned": any(w.get("timing_cpu_pinned") for w in warm),
         # What else the host ran while the warm processes timed (host_load),
         # fewest and most CPUs over them, and the longest wait for it to fall
         # quiet first (--settle-s).
         **{
             f"{key}_during_timing": _spread(
-                (w.get("load_during_timing") or {}).get(key)
-                for r in records
-                for w in _warm_rounds(r)
+                (w.get("load_during_timing") or {}).get(key) for w in warm
             )
             for key in ("others_cpus", "steal_cpus", "own_threads_cpus")
         },
         "max_settle_waited_s": max(
             (
                 w["settle_waited_s"]
-                for r in records
-                for w in _warm_rounds(r)
+                for w in warm
                 if w.get("settle_waited_s") is not None
             ),
             default=None,
@@ -1781,7 +1770,8 @@ def markdown(report: dict[str, Any]) -> str:
             + (
                 f"; each waited up to {meta['max_settle_waited_s']:.1f} s for the "
                 f"others to fall under {QUIET_CPUS} CPUs first (`--settle-s`)."
-                if meta.get("max_settle_waited_s")
+                # Beyond the one window that measures the host, a wait.
+                if (meta.get("max_settle_waited_s") or 0.0) > 2 * SETTLE_WINDOW_S
                 else "."
             )
         )

@@ -7,7 +7,10 @@
 #
 #   PYTHONUNBUFFERED=1 bash scripts/gpu/run_all.sh 2>&1 | tee $OUT/log
 #
-# Knobs: STEPS (default "tests bench"; add "profile", or "cores" for the
+# Knobs: STEPS (default "tests bench"; add "profile", "compile-profile"
+# (a cold compile per workload and mode under cProfile,
+# scripts/gpu/profile_compile.py, with COMPILE_PROFILE_ARGS and
+# COMPILE_PROFILE_TIMEOUT), or "cores" for the
 # host's speed on each CPU (scripts/gpu/host_cores.py); "dist-tests" and
 # "dist-bench" need two GPUs: tests/test_distributed.py on NCCL and
 # benchmarks/bench_tp.py), TEST_TIMEOUT, TEST_WORKERS, PROFILE_TIMEOUT,
@@ -74,6 +77,14 @@ if has_step profile; then
     # files from $OUT, so they travel as one archive (profile.md stays out).
     cp "$OUT/profile/profile.md" "$OUT/profile.md" 2>/dev/null
     tar -czf "$OUT/profile.tar.gz" -C "$OUT" profile && rm -rf "$OUT/profile"
+fi
+
+if has_step compile-profile; then
+    echo "== where a cold compile goes (scripts/gpu/profile_compile.py, cProfile)"
+    timeout "${COMPILE_PROFILE_TIMEOUT:-300}" $PYTHON scripts/gpu/profile_compile.py \
+        --out "$OUT/compile_profile" ${COMPILE_PROFILE_ARGS:-}
+    echo "compile profile exit status: $?"
+    tar -czf "$OUT/compile_profile.tar.gz" -C "$OUT" compile_profile && rm -rf "$OUT/compile_profile"
 fi
 
 if has_step bench; then

@@ -826,6 +826,11 @@ def run_worker(
     before = loaded_module_count()
     memory = PeakMemory(device)
     memory.reset()
+    # The host's speed as this process found it before compiling: one
+    # process of a machine can run everything up to 2x slower than the next
+    # (with nothing else running), so a compile time, cold or warm, says as
+    # much about its process as about the wrapper.
+    result["compile_host_probe_us"] = host_probe_us(budget)
     start = time.perf_counter()
     with grad_mode():
         actual = step()
@@ -1369,13 +1374,21 @@ TIMED = (
 )
 
 
+def _probe_of(result: dict[str, Any], key: str) -> float | None:
+    """The host probe that goes with a worker's time `key`: the one taken
+    before its compile for compile_s, the one before its timing else."""
+    if key == "compile_s":
+        return result.get("compile_host_probe_us")
+    return result.get("host_probe_us")
+
+
 def _best_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """One warm result from several rounds: the first round's, with each time
     the fastest any round measured (an error in any round is kept), and
     under "probe_of" the host probe of the round each time came from."""
     best = dict(rounds[0])
     best["probe_of"] = {
-        key: best.get("host_probe_us") for key in TIMED if best.get(key) is not None
+        key: _probe_of(best, key) for key in TIMED if best.get(key) is not None
     }
     for r in rounds[1:]:
         if "error" in r and "error" not in best:
@@ -1383,7 +1396,7 @@ def _best_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         for key in TIMED:
             if r.get(key) is not None and (best.get(key) is None or r[key] < best[key]):
                 best[key] = r[key]
-                best["probe_of"][key] = r.get("host_probe_us")
+                best["probe_of"][key] = _probe_of(r, key)
     best["ok"] = all(r.get("ok") for r in rounds)
     best["rounds"] = len(rounds)
     return best
@@ -1470,6 +1483,11 @@ def _meta(
         # The host's speed before each timing (host_probe_us), fastest and
         # slowest over the warm processes.
         "host_probe_us": _spread(w.get("host_probe_us") for w in warm),
+        # The same before each compile, over the cold and warm processes.
+        "compile_host_probe_us": _spread(
+            p.get("compile_host_probe_us")
+            for p in (*(r.get("cold") or {} for r in records), *warm)
+        ),
         # The CPUs the warm processes timed on, and whether they were pinned
         # there (--timing-cpu).
         "timing_cpus": sorted(
@@ -1540,9 +1558,12 @@ CUDA_RATIOS = (
 PER_CALL_METRICS = frozenset(
     {"call_us", "e2e_us", "e2e_sync_us", "latency_p50_us", "host_us"}
 )
-# A ratio of times per call whose two rows' warm processes found the host
-# more than this much faster or slower than each other (host_probe_us) is
-# marked in the report: it measures the host as much as the wrappers.
+# Compile times, and the process whose host probe goes with each.
+COMPILE_METRICS = {"cold_compile_s": "cold", "warm_compile_s": "warm"}
+# A ratio of times whose two rows' processes found the host more than this
+# much faster or slower than each other (host_probe_us before timing,
+# compile_host_probe_us before compiling) is marked in the report: it
+# measures the host as much as the wrappers.
 HOST_PROBE_SPREAD = 1.5
 
 
@@ -1559,9 +1580,12 @@ def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return (by_key.get((workload, mode)) or {}).get(metric)
 
     def probe(mode: str, metric: str) -> float | None:
-        """The host probe of the warm process that timed `metric`."""
-        warm = (by_key.get((workload, mode)) or {}).get("warm") or {}
-        return (warm.get("probe_of") or {}).get(metric, warm.get("host_probe_us"))
+        """The host probe of the process that timed `metric`."""
+        record = by_key.get((workload, mode)) or {}
+        phase = COMPILE_METRICS.get(metric, "warm")
+        result = record.get(phase) or {}
+        key = "compile_s" if metric in COMPILE_METRICS else metric
+        return (result.get("probe_of") or {}).get(key, _probe_of(result, key))
 
     def ratio(
         metric: str,
@@ -1589,7 +1613,7 @@ def ratios(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"workload": workload, "host_apart": []}
         for key, metric, mode, base in compared:
             row[key] = ratio(metric, mode, base)
-            if metric not in PER_CALL_METRICS:
+            if metric not in PER_CALL_METRICS and metric not in COMPILE_METRICS:
                 continue
             probes = row[f"host_probe:{key}"] = ratio(metric, mode, base, of=probe)
             if (
@@ -1752,6 +1776,12 @@ def markdown(report: dict[str, Any]) -> str:
             f"{probe[0]:.2f}-{probe[1]:.2f} µs in the warm processes before "
             "timing; compare tables of other runs only with this in mind."
         )
+    compile_probe = meta.get("compile_host_probe_us")
+    if compile_probe:
+        lines.append(
+            f"- the same before each compile: {compile_probe[0]:.2f}-"
+            f"{compile_probe[1]:.2f} µs in the cold and warm processes."
+        )
     others, steal, own = (
         meta.get("others_cpus_during_timing"),
         meta.get("steal_cpus_during_timing"),
@@ -1783,10 +1813,11 @@ def markdown(report: dict[str, Any]) -> str:
         )
     if any(row.get("host_apart") for row in report["ratios"]):
         lines.append(
-            f"- †: the two rows' warm processes found the host more than "
-            f"{HOST_PROBE_SPREAD}x faster or slower than each other (their host "
-            "probes, in bench.json): the ratio measures the host as much as the "
-            "wrappers; time again, or with more `--rounds`."
+            f"- †: the two rows' processes (the warm ones, or for a cold compile "
+            f"the cold ones) found the host more than {HOST_PROBE_SPREAD}x faster "
+            "or slower than each other (their host probes, in bench.json): the "
+            "ratio measures the host as much as the wrappers; time again, or "
+            "with more `--rounds`."
         )
     load = meta.get("max_loadavg_before_timing")
     if load and meta["cpu_count"] and load > meta["cpu_count"]:

@@ -356,6 +356,7 @@ class TestBenchWorker(TestCase):
         self.assertGreater(result["e2e_us"], 0)
         self.assertGreater(result["call_us"], 0)
         self.assertGreater(result["host_probe_us"], 0)
+        self.assertGreater(result["compile_host_probe_us"], 0)
         self.assertIs(result["timing_cpu_pinned"], False)
         # What else ran beside the timing, and the (here skipped) wait for quiet.
         if os.path.exists("/proc/stat"):
@@ -518,7 +519,7 @@ class TestReport(TestCase):
         # times are not; nothing against reduce-overhead is.
         self.assertIn("| seed | 0.50 † | 0.50 † | 0.50 | 0.50 | - |", text)
         self.assertIn("| seed | 0.80 | 1.00 |", text)
-        self.assertIn("- †: the two rows' warm processes found the host more", text)
+        self.assertIn("- †: the two rows' processes (the warm ones", text)
         # Hosts 1.4x apart are not.
         records[1]["warm"] = {"host_probe_us": 2.8}
         text = _bench.markdown(self._report(records))
@@ -561,6 +562,35 @@ class TestReport(TestCase):
         self.assertEqual(
             _bench.ratios(records)[0]["host_apart"], ["call_us/python", "e2e_us/python"]
         )
+
+    def test_compile_ratios_of_hosts_apart_are_marked(self) -> None:
+        # Ours' cold process found the host 2x slower than the Python
+        # wrapper's before compiling; the warm processes found it alike.
+        records = [self._record("python", 1.0), self._record("cppwrap", 1.25)]
+        for record, cold_probe in zip(records, (2.0, 4.0), strict=True):
+            record["cold"] = {"compile_s": 0.0, "compile_host_probe_us": cold_probe}
+            record["warm"] = {"host_probe_us": 3.0, "compile_host_probe_us": 3.0}
+        (row,) = _bench.ratios(records)
+        self.assertAlmostEqual(row["host_probe:cold_compile_s/python"], 2.0)
+        self.assertAlmostEqual(row["host_probe:warm_compile_s/python"], 1.0)
+        self.assertEqual(row["host_apart"], ["cold_compile_s/python"])
+        report = self._report(records)
+        self.assertEqual(report["meta"]["compile_host_probe_us"], [2.0, 4.0])
+        text = _bench.markdown(report)
+        self.assertIn("| seed | 1.25 | 1.25 | 1.25 † | 1.25 | - |", text)
+        self.assertIn("the same before each compile: 2.00-4.00 µs", text)
+        self.assertIn("(the warm ones, or for a cold compile the cold ones)", text)
+
+    def test_a_warm_compile_is_marked_by_the_probe_before_it(self) -> None:
+        # The round that compiled fastest went with the host probe taken
+        # before its compile, not with the one taken before its timing.
+        rounds = [
+            {"compile_s": 3.0, "compile_host_probe_us": 6.0, "host_probe_us": 2.0},
+            {"compile_s": 2.0, "compile_host_probe_us": 2.5, "host_probe_us": 6.0},
+        ]
+        best = _bench._best_round(rounds)
+        self.assertEqual(best["compile_s"], 2.0)
+        self.assertEqual(best["probe_of"]["compile_s"], 2.5)
 
     def test_compile_phases_that_differ(self) -> None:
         cold_phases = {

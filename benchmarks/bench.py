@@ -824,13 +824,13 @@ def run_worker(
     perf_hints = _PerfHints() if mode.imports_torch_cppwrap else None
     counters.clear()
     before = loaded_module_count()
-    memory = PeakMemory(device)
-    memory.reset()
     # The host's speed as this process found it before compiling: one
     # process of a machine can run everything up to 2x slower than the next
     # (with nothing else running), so a compile time, cold or warm, says as
     # much about its process as about the wrapper.
     result["compile_host_probe_us"] = host_probe_us(budget)
+    memory = PeakMemory(device)
+    memory.reset()
     start = time.perf_counter()
     with grad_mode():
         actual = step()
@@ -1054,6 +1054,25 @@ def _worker_main(argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------
 
 
+def worker_env(
+    mode: str, cache_dir: str, extra_env: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of a worker process that compiles in `mode` on the
+    Inductor cache `cache_dir`."""
+    env = dict(
+        os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHINDUCTOR_FX_GRAPH_CACHE="1"
+    )
+    env.update(extra_env or {})
+    # The cppwrap mode imports the torch_cppwrap of this checkout, installed
+    # or not.
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, (package_root, env.get("PYTHONPATH")))
+    )
+    env.update(MODES[mode].environ)
+    return env
+
+
 def worker_command(
     workload: str, mode: str, phase: str, device: str, quick: bool
 ) -> list[str]:
@@ -1083,19 +1102,9 @@ def spawn_worker(
     threads: int | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    env = dict(
-        os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, TORCHINDUCTOR_FX_GRAPH_CACHE="1"
-    )
-    env.update(extra_env or {})
-    # The cppwrap mode imports the torch_cppwrap of this checkout, installed
-    # or not.
-    package_root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, (package_root, env.get("PYTHONPATH")))
-    )
+    env = worker_env(mode, cache_dir, extra_env)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
-    env.update(MODES[mode].environ)
     cmd = worker_command(workload, mode, phase, device, quick)
     try:
         proc = subprocess.run(

@@ -47,14 +47,6 @@ class TestProfileCompile(TestCase):
         self.assertIn("Ordered by: internal time", text)
 
     def test_each_mode_compiles_in_its_own_fresh_cache(self) -> None:
-        bench = SimpleNamespace(
-            MODES={
-                "python": SimpleNamespace(environ=()),
-                "cppwrap-no-replay": SimpleNamespace(
-                    environ=(("TORCH_CPPWRAP_CUDA_GRAPHS", "0"),)
-                ),
-            }
-        )
         calls = []
 
         def run(cmd: list[str], env: dict[str, str], **kwargs: object) -> object:
@@ -65,7 +57,6 @@ class TestProfileCompile(TestCase):
         argv = ["profile_compile.py", "--device", "cpu", "--workloads", "seed"]
         with (
             tempfile.TemporaryDirectory() as out,
-            mock.patch.object(_profile_compile, "load_bench", return_value=bench),
             mock.patch.object(_profile_compile.subprocess, "run", side_effect=run),
             mock.patch(
                 "sys.argv", [*argv, "--modes", "python,cppwrap-no-replay", "--out", out]

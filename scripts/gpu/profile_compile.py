@@ -8,9 +8,10 @@ Each (workload, mode) leaves DIR/<workload>_<mode>.prof (pstats, read it
 with ``python -m pstats``) and DIR/<workload>_<mode>.txt: the compile's
 seconds and the functions that took the most, by cumulative and by own time.
 The bench's worker (``bench.run_worker``, cold phase) does the compile, so
-what is profiled is the bench's cold step.  cProfile sees the main thread
-only: the compile workers' processes and the code cache's build threads show
-as the time the main thread waits for them.
+what is profiled is the bench's cold step, in the environment the bench
+gives it (``bench.worker_env``).  On Python 3.12 (the device's) the profile
+holds every thread's calls, the code cache's build threads too; the compile
+workers' processes show as the time waited for them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import subprocess
 import sys
@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from profile_call import ROOT, load_bench
+from profile_call import load_bench
 
 TOP = 60
 
@@ -63,15 +63,7 @@ def main() -> None:
     for workload in args.workloads.split(","):
         for mode in args.modes.split(","):
             with tempfile.TemporaryDirectory(prefix="cppwrap_prof_") as cache:
-                env = dict(
-                    os.environ,
-                    TORCHINDUCTOR_CACHE_DIR=cache,
-                    TORCHINDUCTOR_FX_GRAPH_CACHE="1",
-                    PYTHONPATH=os.pathsep.join(
-                        filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))
-                    ),
-                )
-                env.update(bench.MODES[mode].environ)
+                env = bench.worker_env(mode, cache)
                 cmd = [
                     sys.executable,
                     __file__,

@@ -1222,9 +1222,12 @@ def run_bench(
     warm_jobs: int = 1,
     timing_cpu: int | None = None,
     settle_s: float = 0.0,
+    cold_rounds: int = 1,
 ) -> dict[str, Any]:
-    """Runs every workload in every mode: a cold compile per mode, then
-    `rounds` rounds of warm compile + timing per mode.  `on_record` gets the
+    """Runs every workload in every mode: `cold_rounds` rounds of cold
+    compile per mode (each in a fresh cache, the modes in alternating order;
+    the warm processes read the last round's cache), then `rounds` rounds of
+    warm compile + timing per mode.  `on_record` gets the
     report so far after each round, so an interrupted run keeps its rows.
     A mode whose code another mode compiles (Mode.cold_from) times on that
     mode's cache, with no cold compile of its own.
@@ -1240,7 +1243,7 @@ def run_bench(
     quiet (settle_host)."""
     by_workload: dict[str, list[dict[str, Any]]] = {}
     steps = len(workloads) * sum(
-        rounds + (MODES[m].cold_from not in modes) for m in modes
+        rounds + cold_rounds * (MODES[m].cold_from not in modes) for m in modes
     )
     step = 0
     lock = threading.Lock()  # the counters, the records and on_record
@@ -1252,8 +1255,9 @@ def run_bench(
         with lock:
             step += 1
             what = "cold compile" if phase == "cold" else "warm compile + timing"
-            if phase == "warm" and rounds > 1:
-                what += f" (round {round_ + 1}/{rounds})"
+            of = cold_rounds if phase == "cold" else rounds
+            if of > 1:
+                what += f" (round {round_ + 1}/{of})"
             progress(f"[{step}/{steps}] {workload} / {mode}: {what}...")
         started = time.perf_counter()
         r = spawn_worker(
@@ -1281,11 +1285,11 @@ def run_bench(
 
     def record(
         workload: str,
-        cold: dict[str, dict[str, Any]],
+        cold: dict[str, list[dict[str, Any]]],
         warm: dict[str, list[dict[str, Any]]],
     ) -> None:
         """The workload's rows so far (a mode not timed yet has its cold
-        compile only), handed to on_record: a run stopped by a time limit
+        compiles only), handed to on_record: a run stopped by a time limit
         keeps every step it finished."""
         with lock:
             by_workload[workload] = [
@@ -1293,13 +1297,14 @@ def run_bench(
                     **_merge(
                         workload,
                         mode,
-                        cold[mode],
+                        _best_round(cold[mode]),
                         _best_round(warm[mode]) if warm[mode] else {},
                     ),
+                    "cold_rounds": list(cold[mode]),
                     "warm_rounds": list(warm[mode]),
                 }
                 for mode in modes
-                if mode in cold
+                if cold.get(mode)
             ]
             if on_record is not None:
                 on_record(_report(device, quick, workloads, modes, records_so_far()))
@@ -1308,24 +1313,31 @@ def run_bench(
         source = MODES[mode].cold_from
         return source if source in modes else None
 
-    def cold_workload(workload: str) -> dict[str, dict[str, Any]]:
-        dirs = cache_dirs[workload] = {
-            mode: tempfile.mkdtemp(prefix=f"cppwrap-bench-{workload}-{mode}-")
-            for mode in modes
-            if shares_cold(mode) is None
-        }
-        cold: dict[str, dict[str, Any]] = {}
+    def fresh_cache(workload: str, mode: str) -> str:
+        return tempfile.mkdtemp(prefix=f"cppwrap-bench-{workload}-{mode}-")
+
+    def cold_workload(workload: str) -> dict[str, list[dict[str, Any]]]:
+        dirs = cache_dirs[workload] = {}
+        cold: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+        # Like the timing rounds, cold rounds alternate the order of the modes.
+        for round_ in range(cold_rounds):
+            for mode in modes if round_ % 2 == 0 else list(reversed(modes)):
+                if shares_cold(mode) is not None:
+                    continue
+                if mode in dirs:  # an earlier round's cache: a cold one again
+                    shutil.rmtree(dirs[mode], ignore_errors=True)
+                dirs[mode] = fresh_cache(workload, mode)
+                cold[mode].append(run(workload, mode, "cold", dirs[mode], round_))
+                record(workload, cold, {m: [] for m in modes})
         for mode in modes:
             source = shares_cold(mode)
             if source is not None:
                 dirs[mode] = dirs[source]
-                cold[mode] = {"ok": True, "cold_from": source}
-                continue
-            cold[mode] = run(workload, mode, "cold", dirs[mode])
-            record(workload, cold, {m: [] for m in modes})
+                cold[mode] = [{"ok": True, "cold_from": source}]
+        record(workload, cold, {m: [] for m in modes})
         return cold
 
-    def warm_workload(workload: str, cold: dict[str, dict[str, Any]]) -> None:
+    def warm_workload(workload: str, cold: dict[str, list[dict[str, Any]]]) -> None:
         warm: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
         # Timing rounds alternate the order of the modes, so that a slow
         # spell of the machine does not land on one mode only.
@@ -1392,9 +1404,11 @@ def _probe_of(result: dict[str, Any], key: str) -> float | None:
 
 
 def _best_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """One warm result from several rounds: the first round's, with each time
-    the fastest any round measured (an error in any round is kept), and
-    under "probe_of" the host probe of the round each time came from."""
+    """One result from a mode's rounds of one phase (cold or warm): the first
+    round's, with each time the fastest any round measured (an error in any
+    round is kept), the compile's phases from the round of the fastest
+    compile, and under "probe_of" the host probe of the round each time came
+    from."""
     best = dict(rounds[0])
     best["probe_of"] = {
         key: _probe_of(best, key) for key in TIMED if best.get(key) is not None
@@ -1406,6 +1420,8 @@ def _best_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             if r.get(key) is not None and (best.get(key) is None or r[key] < best[key]):
                 best[key] = r[key]
                 best["probe_of"][key] = _probe_of(r, key)
+                if key == "compile_s":
+                    best["compile_phases_s"] = r.get("compile_phases_s")
     best["ok"] = all(r.get("ok") for r in rounds)
     best["rounds"] = len(rounds)
     return best
@@ -1476,6 +1492,9 @@ def _meta(
         ),
         "quick": quick,
         "rounds": max((r["warm"].get("rounds", 1) for r in records), default=1),
+        "cold_rounds": max(
+            (len(r.get("cold_rounds") or [1]) for r in records), default=1
+        ),
         "repeats": budget.repeats,
         "repeat_target_s": budget.target_s,
         "workloads": {w: WORKLOADS[w].description for w in workloads},
@@ -1495,7 +1514,7 @@ def _meta(
         # The same before each compile, over the cold and warm processes.
         "compile_host_probe_us": _spread(
             p.get("compile_host_probe_us")
-            for p in (*(r.get("cold") or {} for r in records), *warm)
+            for p in (*(c for r in records for c in _cold_rounds(r)), *warm)
         ),
         # The CPUs the warm processes timed on, and whether they were pinned
         # there (--timing-cpu).
@@ -1526,6 +1545,11 @@ def _meta(
 def _warm_rounds(record: dict[str, Any]) -> list[dict[str, Any]]:
     """Every warm process of a row (one per round)."""
     return record.get("warm_rounds") or [record["warm"]]
+
+
+def _cold_rounds(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every cold process of a row (one per cold round)."""
+    return record.get("cold_rounds") or [record.get("cold") or {}]
 
 
 def _spread(values: Iterable[float | None]) -> list[float] | None:
@@ -1767,7 +1791,14 @@ def markdown(report: dict[str, Any]) -> str:
             else "."
         ),
         f"- rounds: {meta.get('rounds', 1)} (warm processes per mode, the modes in alternating "
-        "order); each warm time above is the fastest round's, every round is in bench.json.",
+        "order); each warm time above is the fastest round's, every round is in bench.json"
+        + (
+            f"; cold rounds: {meta['cold_rounds']} (cold processes per mode, each in a "
+            "fresh cache, the modes in alternating order), the cold compile above is the "
+            "fastest, its phases that round's."
+            if meta.get("cold_rounds", 1) > 1
+            else "."
+        ),
         f"- peak MB: rise of the warm process's {memory} from just before its first call "
         "(loading the cached graph included) to the end of the e2e timing (what is "
         "timed after it, on the same inputs or on the module's own, is left out)"
@@ -2055,6 +2086,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "each time reported is the fastest round's (default: 2)",
     )
     parser.add_argument(
+        "--cold-rounds",
+        type=int,
+        default=1,
+        help="cold compiles per mode, each in a fresh cache, in alternating "
+        "order; the cold compile reported is the fastest round's (a single one "
+        "moves with the host's speed by a fifth on the device; default: 1)",
+    )
+    parser.add_argument(
         "--timeout", type=float, default=900.0, help="seconds per worker process"
     )
     parser.add_argument(
@@ -2113,9 +2152,10 @@ def run_from_args(ns: argparse.Namespace) -> int:
     if unknown:
         progress(f"error: unknown workload or mode: {', '.join(unknown)}")
         return 2
-    if ns.rounds < 1:
-        progress(f"error: --rounds must be at least 1, got {ns.rounds}")
-        return 2
+    for flag, value in (("--rounds", ns.rounds), ("--cold-rounds", ns.cold_rounds)):
+        if value < 1:
+            progress(f"error: {flag} must be at least 1, got {value}")
+            return 2
     if ns.timing_cpu is not None and (
         not hasattr(os, "sched_getaffinity")
         or ns.timing_cpu not in os.sched_getaffinity(0)
@@ -2154,6 +2194,7 @@ def run_from_args(ns: argparse.Namespace) -> int:
         warm_jobs=ns.warm_jobs,
         timing_cpu=ns.timing_cpu,
         settle_s=ns.settle_s,
+        cold_rounds=ns.cold_rounds,
         # Rows so far, rewritten after each one: a run stopped by a time limit
         # still leaves its table behind.
         on_record=lambda partial: write_report(partial, ns.out, final=False),

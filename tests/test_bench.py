@@ -751,6 +751,67 @@ class TestReport(TestCase):
         self.assertEqual([r["e2e_us"] for r in python["warm_rounds"]], [9.0, 3.0])
         self.assertEqual(report["meta"]["rounds"], 2)
 
+    def test_cold_rounds_compile_in_fresh_caches_and_keep_the_fastest(self) -> None:
+        calls = []
+        existed = []
+
+        def worker(workload, mode, phase, cache_dir, **kwargs):
+            calls.append((mode, phase, cache_dir))
+            if phase == "cold":
+                # Each cold compile finds its cache empty.
+                existed.append(os.listdir(cache_dir))
+                with open(os.path.join(cache_dir, "compiled"), "w") as f:
+                    f.write(mode)
+            # upstream compiles slowly in its first cold round only.
+            first = sum(1 for m, p, _ in calls if (m, p) == (mode, phase)) == 1
+            slow = mode == "upstream" and phase == "cold" and first
+            return {
+                "compile_s": 9.0 if slow else 2.0,
+                "compile_phases_s": {"codegen": 8.0 if slow else 1.0},
+                "compile_host_probe_us": 5.0 if slow else 3.0,
+                "ok": True,
+                "e2e_us": 3.0,
+            }
+
+        with (
+            mock.patch.object(_bench, "spawn_worker", worker),
+            mock.patch.object(_bench, "progress"),
+        ):
+            report = _bench.run_bench(
+                ["seed"],
+                ["python", "upstream"],
+                device="cpu",
+                quick=True,
+                timeout_s=1.0,
+                cold_rounds=2,
+            )
+        self.assertEqual(
+            [(m, p) for m, p, _ in calls],
+            [
+                ("python", "cold"),
+                ("upstream", "cold"),
+                ("upstream", "cold"),  # the second round in the other order
+                ("python", "cold"),
+                ("python", "warm"),
+                ("upstream", "warm"),
+            ],
+        )
+        self.assertEqual(existed, [[], [], [], []])
+        # The warm process reads the cache of the mode's last cold compile.
+        dirs = {m: [d for mm, p, d in calls if mm == m] for m in ("python", "upstream")}
+        for cold1, cold2, warm in dirs.values():
+            self.assertNotEqual(cold1, cold2)
+            self.assertEqual(cold2, warm)
+        row = {r["mode"]: r for r in report["results"]}["upstream"]
+        self.assertEqual(row["cold_compile_s"], 2.0)
+        self.assertEqual(row["cold_phases_s"], {"codegen": 1.0})
+        self.assertEqual([r["compile_s"] for r in row["cold_rounds"]], [9.0, 2.0])
+        self.assertEqual(row["cold"]["probe_of"]["compile_s"], 3.0)
+        self.assertEqual(report["meta"]["cold_rounds"], 2)
+        self.assertEqual(report["meta"]["compile_host_probe_us"], [3.0, 5.0])
+        self.assertIn("cold rounds: 2", _bench.markdown(report))
+        self.assertEqual(_bench.main(["--cold-rounds", "0"]), 2)
+
     def _table_of_a_stopped_run(self, worker, rounds):
         """bench.md as a run left it when `worker` raised KeyboardInterrupt
         (which stands in for the run being killed)."""

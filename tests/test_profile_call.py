@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 from torch._inductor.output_code import CompiledFxGraph
-from torch._inductor.test_case import run_tests
+from torch._inductor.test_case import TestCase, run_tests
 
 from tests.common import CppWrapperTestCase, load_script, our_wrappers_created
 
@@ -48,6 +48,72 @@ class TestHostSplit(CppWrapperTestCase):
         self.assertLessEqual(split["host_in_callables_us"], split["host_in_graphs_us"])
         self.assertGreater(split["host_outside_graphs_us"], 0.0)
         self.assertLessEqual(split["host_in_graphs_us"], split["host_split_step_us"])
+
+
+class _Event:
+    """A profiler event as gpu_gaps reads one."""
+
+    def __init__(self, name: str, start: float, end: float, device: str) -> None:
+        self.name = name
+        self.device_type = f"DeviceType.{device}"
+        self.time_range = type("Interval", (), {"start": start, "end": end})()
+
+
+class TestGpuGaps(TestCase):
+    @staticmethod
+    def _steps(count: int, between: float, inside: float) -> list[_Event]:
+        """`count` steps of three kernels (10, 20 and 5 µs), `between` µs idle
+        before each step's first and `inside` µs before its last."""
+        events, t = [], 0.0
+        for _ in range(count):
+            t += between
+            for name, length, gap in (
+                ("a", 10.0, 0.0),
+                ("b", 20.0, 0.0),
+                ("c", 5.0, inside),
+            ):
+                t += gap
+                events.append(_Event(name, t, t + length, "CUDA"))
+                # The host's event of the launch, which is not the GPU's.
+                events.append(_Event("cuGraphLaunch", t - 1.0, t, "CPU"))
+                t += length
+        return events
+
+    def test_idle_time_between_and_inside_steps(self) -> None:
+        gaps = _profile_call.gpu_gaps(self._steps(4, between=40.0, inside=3.0), 4)
+        self.assertEqual(gaps["gpu_activities_per_step"], 3)
+        self.assertAlmostEqual(gaps["gpu_busy_us_per_step"], 35.0)
+        self.assertAlmostEqual(gaps["gpu_gap_between_steps_us"], 40.0)
+        self.assertAlmostEqual(gaps["gpu_gaps_inside_step_us"], 3.0)
+        self.assertAlmostEqual(gaps["gpu_idle_us_per_step"], 43.0)
+        largest = gaps["gpu_largest_gaps"][0]
+        self.assertEqual((largest["after"], largest["before"]), ("b", "c"))
+        self.assertAlmostEqual(largest["us"], 3.0)
+        text = _profile_call.markdown([{"workload": "bert", "mode": "cppwrap", **gaps}])
+        self.assertIn("3.0 µs idle after b and before c (activity 2 of 3", text)
+
+    def test_overlapping_activities_count_once(self) -> None:
+        events = self._steps(2, between=0.0, inside=0.0)
+        # The second step's "a" (35-45 µs) starts with the first's "c"
+        # (30-35 µs), as on another stream: 5 µs of it overlap.
+        events[6].time_range.start = 30.0
+        gaps = _profile_call.gpu_gaps(events, 2)
+        self.assertAlmostEqual(gaps["gpu_busy_us_per_step"], 35.0)
+        self.assertAlmostEqual(gaps["gpu_idle_us_per_step"], 0.0)
+
+    def test_steps_that_differ_are_refused(self) -> None:
+        events = self._steps(3, between=1.0, inside=0.0)
+        self.assertIn("gpu_gaps_error", _profile_call.gpu_gaps(events[:-2], 3))
+        events[-2].name = "d"
+        self.assertEqual(
+            _profile_call.gpu_gaps(events, 3)["gpu_gaps_error"],
+            "the steps ran different GPU activities",
+        )
+        self.assertIn("gpu_gaps_error", _profile_call.gpu_gaps(events, 1))
+        text = _profile_call.markdown(
+            [{"workload": "bert", "mode": "cppwrap", "gpu_gaps_error": "differ"}]
+        )
+        self.assertIn("- bert / cppwrap: differ", text)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,17 @@ backward; the rest under no_grad):
   profiled_host_us (a call's host time under the profiler, which inflates
   every range), and wrapper_us_per_triton_launch: host_us scaled by the
   share of the profiled host time outside the extern calls, per Triton
-  launch, the wrapper's own cost per kernel.
+  launch, the wrapper's own cost per kernel;
+- with --gpu-gaps, where the GPU idles in a run of GAP_STEPS steps issued
+  back to back (no synchronise between them, as e2e_us times them), from
+  the profiler's GPU activities (kernels, memcpys, memsets): per step, the
+  GPU's busy and idle time (gpu_busy_us_per_step, gpu_idle_us_per_step),
+  the idle time before a step's first activity (gpu_gap_between_steps_us:
+  the GPU waiting for the host, or for the next replay to start) and inside
+  a step (gpu_gaps_inside_step_us), and the largest gaps inside a step by
+  the activities either side (gpu_largest_gaps).  The first step is left
+  out (nothing runs before it).  A replayed step whose e2e_us exceeds its
+  kernels' time spends the rest in one of those two places.
 
 torch_cppwrap's generated C++ is written next to the tables; profile.json
 holds the records and profile.md a table of them (both rewritten after each
@@ -56,7 +66,7 @@ record).
 
     python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
         [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges] \\
-        [--split] [--processes N] [--timing-cpu CPU]
+        [--split] [--gpu-gaps] [--processes N] [--timing-cpu CPU]
 
 The first process of each workload and mode compiles cold, the others on
 its Inductor cache.
@@ -84,6 +94,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 HOST_REPEATS = 200
 PROFILED_CALLS = 50
+GAP_STEPS = 50
 TABLE_COLUMNS = (
     ("workload", "workload"),
     ("mode", "mode"),
@@ -103,6 +114,9 @@ TABLE_COLUMNS = (
     ("extern_host_us_per_call", "extern host µs per call (profiled)"),
     ("profiled_host_us", "host µs per call (profiled)"),
     ("wrapper_us_per_triton_launch", "host µs per Triton launch, externs excluded"),
+    ("gpu_busy_us_per_step", "GPU busy µs per step (back to back)"),
+    ("gpu_gap_between_steps_us", "GPU idle µs between steps"),
+    ("gpu_gaps_inside_step_us", "GPU idle µs inside a step"),
 )
 # Profiler events that launch work on the GPU (runtime and driver API calls).
 LAUNCH_MARKERS = ("LaunchKernel", "GraphLaunch", "Memcpy", "Memset")
@@ -247,12 +261,67 @@ def launch_split(events: Any, calls: int) -> dict[str, float]:
     }
 
 
+def _on_gpu(event: Any) -> bool:
+    return str(getattr(event, "device_type", "")).endswith("CUDA")
+
+
+def gpu_gaps(events: Any, steps: int, largest: int = 5) -> dict[str, Any]:
+    """Where the GPU idled in `steps` steps issued back to back, from the
+    profiler's events (see --gpu-gaps).  Each step must run the same GPU
+    activities in the same order; the first step is left out."""
+    acts = sorted(
+        (e.time_range.start, e.time_range.end, e.name) for e in events if _on_gpu(e)
+    )
+    if steps < 2 or not acts or len(acts) % steps:
+        return {
+            "gpu_gaps_error": f"{len(acts)} GPU activities are not {steps} "
+            "steps of the same ones"
+        }
+    per_step = len(acts) // steps
+    names = [name for _, _, name in acts[:per_step]]
+    if any(acts[i][2] != names[i % per_step] for i in range(len(acts))):
+        return {"gpu_gaps_error": "the steps ran different GPU activities"}
+    # The idle time before each activity: from the end of all before it
+    # (activities of other streams may overlap) to its start.
+    gaps = [[0.0] * per_step for _ in range(steps)]
+    busy = [0.0] * steps
+    last_end = acts[0][0]
+    for i, (start, end, _) in enumerate(acts):
+        step, position = divmod(i, per_step)
+        gaps[step][position] = max(0.0, start - last_end)
+        busy[step] += max(0.0, end - max(start, last_end))
+        last_end = max(last_end, end)
+    counted = steps - 1
+    mean_gap = [
+        sum(gaps[step][position] for step in range(1, steps)) / counted
+        for position in range(per_step)
+    ]
+    inside = sorted(range(1, per_step), key=lambda p: -mean_gap[p])[:largest]
+    return {
+        "gpu_activities_per_step": per_step,
+        "gpu_busy_us_per_step": sum(busy[1:]) / counted,
+        "gpu_idle_us_per_step": sum(mean_gap),
+        "gpu_gap_between_steps_us": mean_gap[0],
+        "gpu_gaps_inside_step_us": sum(mean_gap[1:]),
+        "gpu_largest_gaps": [
+            {
+                "position": p,
+                "after": names[p - 1],
+                "before": names[p],
+                "us": mean_gap[p],
+            }
+            for p in inside
+        ],
+    }
+
+
 def child(
     workload: str,
     mode_name: str,
     out: Path,
     kernel_ranges: bool = False,
     split: bool = False,
+    gaps: bool = False,
 ) -> dict[str, Any]:
     bench = load_bench()
     mode, spec = bench.MODES[mode_name], bench.WORKLOADS[workload]
@@ -342,6 +411,15 @@ def child(
                 record["call_host_us"] = call_host_us
 
         sync()
+        if gaps:
+            # Both activities, as the profile below records them.
+            with profile(
+                activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]
+            ) as gap_prof:
+                for _ in range(GAP_STEPS):
+                    step()
+                sync()
+            record.update(gpu_gaps(gap_prof.events(), GAP_STEPS))
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             profiled_host_us = host_times_us(step, sync, PROFILED_CALLS)
     events = prof.key_averages()
@@ -402,6 +480,7 @@ def run_child(
     kernel_ranges: bool = False,
     split: bool = False,
     cache_dir: str | None = None,
+    gaps: bool = False,
 ) -> dict[str, Any]:
     """One child's record.  It compiles into `cache_dir` (a fresh directory,
     removed afterwards, if None): a later process of the same workload and
@@ -420,6 +499,8 @@ def run_child(
         cmd.append("--kernel-ranges")
     if split:
         cmd.append("--split")
+    if gaps:
+        cmd.append("--gpu-gaps")
     error: dict[str, Any] = {"workload": workload, "mode": mode}
     try:
         proc = subprocess.run(
@@ -478,6 +559,15 @@ def markdown(records: list[dict[str, Any]]) -> str:
                 f"per call {ours.get('extern_host_us_per_call', 0):.0f} / "
                 f"{python.get('extern_host_us_per_call', 0):.0f}"
             )
+    for r in records:
+        for gap in r.get("gpu_largest_gaps") or ():
+            lines.append(
+                f"- {r['workload']} / {r['mode']}: {gap['us']:.1f} µs idle after "
+                f"{gap['after']} and before {gap['before']} (activity "
+                f"{gap['position']} of {r['gpu_activities_per_step']} a step)"
+            )
+        if r.get("gpu_gaps_error"):
+            lines.append(f"- {r['workload']} / {r['mode']}: {r['gpu_gaps_error']}")
     errors = [r for r in records if r.get("error")]
     if errors:
         lines.append("")
@@ -510,6 +600,12 @@ def main() -> int:
         "Inductor's compiled graphs and what those call",
     )
     parser.add_argument(
+        "--gpu-gaps",
+        action="store_true",
+        help=f"profile {GAP_STEPS} steps issued back to back and report where "
+        "the GPU idles between and inside them",
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         default=1,
@@ -530,7 +626,12 @@ def main() -> int:
     if ns.child:
         workload, mode = ns.child
         record = child(
-            workload, mode, ns.out, kernel_ranges=ns.kernel_ranges, split=ns.split
+            workload,
+            mode,
+            ns.out,
+            kernel_ranges=ns.kernel_ranges,
+            split=ns.split,
+            gaps=ns.gpu_gaps,
         )
         print("RESULT " + json.dumps(record), flush=True)
         return 0
@@ -571,6 +672,7 @@ def main() -> int:
                     ns.kernel_ranges,
                     ns.split,
                     cache_dir=os.path.join(caches, f"{workload}-{mode}"),
+                    gaps=ns.gpu_gaps,
                 )
                 record["process"] = process + 1
                 print(json.dumps(record), flush=True)

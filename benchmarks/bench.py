@@ -2090,8 +2090,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="cold compiles per mode, each in a fresh cache, in alternating "
-        "order; the cold compile reported is the fastest round's (a single one "
-        "moves with the host's speed by a fifth on the device; default: 1)",
+        "order; the cold compile reported is the fastest round's (on the "
+        "device, one mode's cold compiles differed by up to a fifth within a "
+        "lease; default: 1)",
     )
     parser.add_argument(
         "--timeout", type=float, default=900.0, help="seconds per worker process"

@@ -703,8 +703,9 @@ class TestReport(TestCase):
         )
         self.assertNotIn("Against CUDA graphs", text)
 
-    def _run_fake(self, worker, out, rounds):
-
+    def _run_fake(self, worker, out=None, rounds=1, **kwargs):
+        """run_bench of the seed workload in two modes, with `worker` for the
+        worker processes; the report so far written to `out` if given."""
         with (
             mock.patch.object(_bench, "spawn_worker", worker),
             mock.patch.object(_bench, "progress"),
@@ -716,9 +717,10 @@ class TestReport(TestCase):
                 quick=True,
                 timeout_s=1.0,
                 rounds=rounds,
-                on_record=lambda partial: _bench.write_report(
-                    partial, out, final=False
-                ),
+                on_record=None
+                if out is None
+                else lambda partial: _bench.write_report(partial, out, final=False),
+                **kwargs,
             )
 
     def test_rounds_alternate_and_keep_the_fastest(self) -> None:
@@ -773,18 +775,7 @@ class TestReport(TestCase):
                 "e2e_us": 3.0,
             }
 
-        with (
-            mock.patch.object(_bench, "spawn_worker", worker),
-            mock.patch.object(_bench, "progress"),
-        ):
-            report = _bench.run_bench(
-                ["seed"],
-                ["python", "upstream"],
-                device="cpu",
-                quick=True,
-                timeout_s=1.0,
-                cold_rounds=2,
-            )
+        report = self._run_fake(worker, cold_rounds=2)
         self.assertEqual(
             [(m, p) for m, p, _ in calls],
             [

@@ -57,7 +57,10 @@ backward; the rest under no_grad):
   the GPU waiting for the host, or for the next replay to start) and inside
   a step (gpu_gaps_inside_step_us), and the largest gaps inside a step by
   the activities either side (gpu_largest_gaps).  The first step is left
-  out (nothing runs before it).  A replayed step whose e2e_us exceeds its
+  out (nothing runs before it).  Where the steps' activities differ (the
+  profiler may report a replayed copy as kernels in one step and as a
+  memcpy in another), only the busy and idle time over the whole run, and
+  gpu_gaps_error says so.  A replayed step whose e2e_us exceeds its
   kernels' time spends the rest in one of those two places.
 
 torch_cppwrap's generated C++ is written next to the tables; profile.json
@@ -265,50 +268,63 @@ def _on_gpu(event: Any) -> bool:
     return str(getattr(event, "device_type", "")).endswith("CUDA")
 
 
+def _idle_and_busy(
+    acts: list[tuple[float, float, str]],
+) -> tuple[list[float], list[float]]:
+    """For each activity (start, end, name), sorted by start: the GPU's idle
+    time before it, from the end of all before it (activities of other
+    streams may overlap), and the busy time it adds."""
+    idle, busy = [], []
+    last_end = acts[0][0]
+    for start, end, _ in acts:
+        idle.append(max(0.0, start - last_end))
+        busy.append(max(0.0, end - max(start, last_end)))
+        last_end = max(last_end, end)
+    return idle, busy
+
+
 def gpu_gaps(events: Any, steps: int, largest: int = 5) -> dict[str, Any]:
     """Where the GPU idled in `steps` steps issued back to back, from the
-    profiler's events (see --gpu-gaps).  Each step must run the same GPU
-    activities in the same order; the first step is left out."""
+    profiler's events (see --gpu-gaps).  The first step is left out.  Split
+    between and inside steps only where each step ran the same GPU
+    activities in the same order; else over the whole run, with the reason
+    under "gpu_gaps_error"."""
     acts = sorted(
         (e.time_range.start, e.time_range.end, e.name) for e in events if _on_gpu(e)
     )
-    if steps < 2 or not acts or len(acts) % steps:
-        return {
-            "gpu_gaps_error": f"{len(acts)} GPU activities are not {steps} "
-            "steps of the same ones"
-        }
+    if steps < 2 or len(acts) < steps:
+        return {"gpu_gaps_error": f"{len(acts)} GPU activities for {steps} step(s)"}
+    idle, busy = _idle_and_busy(acts)
     per_step = len(acts) // steps
     names = [name for _, _, name in acts[:per_step]]
-    if any(acts[i][2] != names[i % per_step] for i in range(len(acts))):
-        return {"gpu_gaps_error": "the steps ran different GPU activities"}
-    # The idle time before each activity: from the end of all before it
-    # (activities of other streams may overlap) to its start.
-    gaps = [[0.0] * per_step for _ in range(steps)]
-    busy = [0.0] * steps
-    last_end = acts[0][0]
-    for i, (start, end, _) in enumerate(acts):
-        step, position = divmod(i, per_step)
-        gaps[step][position] = max(0.0, start - last_end)
-        busy[step] += max(0.0, end - max(start, last_end))
-        last_end = max(last_end, end)
+    if len(acts) % steps or any(
+        acts[i][2] != names[i % per_step] for i in range(len(acts))
+    ):
+        return {
+            "gpu_gaps_error": "the steps ran different GPU activities "
+            f"({len(acts)} in {steps} steps): idle and busy over the whole run",
+            "gpu_activities_per_step": len(acts) / steps,
+            "gpu_busy_us_per_step": sum(busy) / steps,
+            "gpu_idle_us_per_step": sum(idle) / steps,
+        }
     counted = steps - 1
-    mean_gap = [
-        sum(gaps[step][position] for step in range(1, steps)) / counted
+    mean_idle = [
+        sum(idle[step * per_step + position] for step in range(1, steps)) / counted
         for position in range(per_step)
     ]
-    inside = sorted(range(1, per_step), key=lambda p: -mean_gap[p])[:largest]
+    inside = sorted(range(1, per_step), key=lambda p: -mean_idle[p])[:largest]
     return {
         "gpu_activities_per_step": per_step,
-        "gpu_busy_us_per_step": sum(busy[1:]) / counted,
-        "gpu_idle_us_per_step": sum(mean_gap),
-        "gpu_gap_between_steps_us": mean_gap[0],
-        "gpu_gaps_inside_step_us": sum(mean_gap[1:]),
+        "gpu_busy_us_per_step": sum(busy[per_step:]) / counted,
+        "gpu_idle_us_per_step": sum(mean_idle),
+        "gpu_gap_between_steps_us": mean_idle[0],
+        "gpu_gaps_inside_step_us": sum(mean_idle[1:]),
         "gpu_largest_gaps": [
             {
                 "position": p,
                 "after": names[p - 1],
                 "before": names[p],
-                "us": mean_gap[p],
+                "us": mean_idle[p],
             }
             for p in inside
         ],

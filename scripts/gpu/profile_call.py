@@ -57,9 +57,9 @@ backward; the rest under no_grad):
   the GPU waiting for the host, or for the next replay to start) and inside
   a step (gpu_gaps_inside_step_us), and the largest gaps inside a step by
   the activities either side (gpu_largest_gaps).  The first step is left
-  out (nothing runs before it).  Where the steps' activities differ (the
-  profiler may report a replayed copy as kernels in one step and as a
-  memcpy in another), only the busy and idle time over the whole run, and
+  out (nothing runs before it).  Where the steps' activities differ (how
+  the profiler records device-to-device copies varies, pytorch/pytorch
+  issue 191284), only the busy and idle time over the whole run, and
   gpu_gaps_error says so.  A replayed step whose e2e_us exceeds its
   kernels' time spends the rest in one of those two places.
 

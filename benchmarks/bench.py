@@ -1313,9 +1313,6 @@ def run_bench(
         source = MODES[mode].cold_from
         return source if source in modes else None
 
-    def fresh_cache(workload: str, mode: str) -> str:
-        return tempfile.mkdtemp(prefix=f"cppwrap-bench-{workload}-{mode}-")
-
     def cold_workload(workload: str) -> dict[str, list[dict[str, Any]]]:
         dirs = cache_dirs[workload] = {}
         cold: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
@@ -1326,7 +1323,9 @@ def run_bench(
                     continue
                 if mode in dirs:  # an earlier round's cache: a cold one again
                     shutil.rmtree(dirs[mode], ignore_errors=True)
-                dirs[mode] = fresh_cache(workload, mode)
+                dirs[mode] = tempfile.mkdtemp(
+                    prefix=f"cppwrap-bench-{workload}-{mode}-"
+                )
                 cold[mode].append(run(workload, mode, "cold", dirs[mode], round_))
                 record(workload, cold, {m: [] for m in modes})
         for mode in modes:
@@ -1395,6 +1394,11 @@ TIMED = (
 )
 
 
+# What a worker records of one of its times, kept from the round whose time
+# is reported.
+TIMED_DETAILS = {"compile_s": ("compile_phases_s",)}
+
+
 def _probe_of(result: dict[str, Any], key: str) -> float | None:
     """The host probe that goes with a worker's time `key`: the one taken
     before its compile for compile_s, the one before its timing else."""
@@ -1420,8 +1424,8 @@ def _best_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             if r.get(key) is not None and (best.get(key) is None or r[key] < best[key]):
                 best[key] = r[key]
                 best["probe_of"][key] = _probe_of(r, key)
-                if key == "compile_s":
-                    best["compile_phases_s"] = r.get("compile_phases_s")
+                for detail in TIMED_DETAILS.get(key, ()):
+                    best[detail] = r.get(detail)
     best["ok"] = all(r.get("ok") for r in rounds)
     best["rounds"] = len(rounds)
     return best

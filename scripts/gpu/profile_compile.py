@@ -63,18 +63,11 @@ def main() -> None:
     for workload in args.workloads.split(","):
         for mode in args.modes.split(","):
             with tempfile.TemporaryDirectory(prefix="cppwrap_prof_") as cache:
-                env = bench.worker_env(mode, cache)
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "--out",
-                    str(args.out),
-                    "--device",
-                    args.device,
-                ]
+                cmd = [sys.executable, __file__, "--out", str(args.out)]
+                cmd += ["--device", args.device, "--child", workload, mode]
                 proc = subprocess.run(
-                    [*cmd, "--child", workload, mode],
-                    env=env,
+                    cmd,
+                    env=bench.worker_env(mode, cache),
                     capture_output=True,
                     text=True,
                 )

@@ -354,6 +354,45 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def step_spans(starts_ms: list[float], ends_ms: list[float]) -> dict[str, float]:
+    """From the times of the CUDA events recorded before and after each step
+    (ms, from the first), the median GPU span of a step (idle time inside it
+    included) and the median idle time from one step's end to the next's
+    start, in µs.  The first quarter of the steps is left out: the host is
+    not ahead of the GPU yet while it issues them."""
+    skip = len(starts_ms) // 4
+    spans = [(e - s) * 1e3 for s, e in zip(starts_ms, ends_ms, strict=True)][skip:]
+    between = [(s - e) * 1e3 for e, s in zip(ends_ms[:-1], starts_ms[1:], strict=True)][
+        skip:
+    ]
+    return {
+        "gpu_step_span_us": statistics.median(spans),
+        "gpu_between_steps_us": statistics.median(between) if between else 0.0,
+    }
+
+
+def time_step_spans(step: Callable[[], Any], steps: int) -> dict[str, float]:
+    """Records a CUDA event before and after each of `steps` steps issued
+    back to back on the current stream, and reads step_spans from them."""
+    import torch
+
+    events = [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(steps)
+    ]
+    with gc_paused():
+        for before, after in events:
+            before.record()
+            step()
+            after.record()
+        torch.cuda.synchronize()
+    first = events[0][0]
+    return step_spans(
+        [first.elapsed_time(before) for before, _ in events],
+        [first.elapsed_time(after) for _, after in events],
+    )
+
+
 def call_times_us(
     f: Callable[[], Any], sync: Callable[[], None], calls: int
 ) -> tuple[list[float], list[float]]:
@@ -616,6 +655,7 @@ SETTLE_WINDOW_S = 0.2
 # Calls made before time_per_call sizes its repeats.
 WARM_UP_CALLS = 3
 # Calls timed one by one on an idle GPU for a CUDA row's host time per call.
+SPAN_STEPS = 400
 HOST_CALLS = 200
 
 FULL = Budget(repeats=7, target_s=0.2)
@@ -963,6 +1003,9 @@ def _time_calls(
             host, latency_each = call_times_us(step, sync, HOST_CALLS)
             result["host_us"] = statistics.median(host)
             result["latency_p50_us"] = statistics.median(latency_each)
+            # The GPU's own time per step, from CUDA events: e2e above it is
+            # time the GPU waited for the host.
+            result.update(time_step_spans(step, SPAN_STEPS))
         # CUDA graphs replay the whole graph; its module's `call` alone is
         # not what runs, so there is nothing honest to time: reduce-overhead
         # does not run `call` at all, and ours, given get_args()'s plain
@@ -1396,7 +1439,10 @@ TIMED = (
 
 # What a worker records of one of its times, kept from the round whose time
 # is reported.
-TIMED_DETAILS = {"compile_s": ("compile_phases_s",)}
+TIMED_DETAILS = {
+    "compile_s": ("compile_phases_s",),
+    "e2e_us": ("gpu_step_span_us", "gpu_between_steps_us"),
+}
 
 
 def _probe_of(result: dict[str, Any], key: str) -> float | None:
@@ -1977,6 +2023,20 @@ def _cuda_tables(report: dict[str, Any]) -> list[str]:
     if replays:
         lines += ["", "Replay (torch_cppwrap, one entry per compiled graph):", ""]
         lines += [f"- {r['workload']}: {summary}" for r, summary in replays]
+    spans = [r for r in report["results"] if r.get("gpu_step_span_us") is not None]
+    if spans:
+        lines += [
+            "",
+            f"The GPU's time per step (CUDA events around {SPAN_STEPS} steps issued "
+            "back to back, medians; e2e above it is time the GPU waited for the "
+            "host), µs, with the GPU's idle time between steps:",
+            "",
+        ]
+        lines += [
+            f"- {r['workload']} / {r['mode']}: {r['gpu_step_span_us']:,.1f} "
+            f"({r['gpu_between_steps_us']:.1f} between)"
+            for r in spans
+        ]
     return lines
 
 

@@ -239,6 +239,14 @@ class TestCudaTiming(TestCase):
                 _bench, "device_sync", return_value=lambda: events.append("sync")
             ),
             mock.patch.object(_bench, "_replay_state", return_value={}),
+            mock.patch.object(
+                _bench,
+                "time_step_spans",
+                side_effect=lambda step, steps: (
+                    events.append(f"spans {steps}")
+                    or {"gpu_step_span_us": 5.0, "gpu_between_steps_us": 0.5}
+                ),
+            ),
         ):
             _bench._time_calls(
                 result,
@@ -263,6 +271,9 @@ class TestCudaTiming(TestCase):
         self.assertGreater(len(steps), 10)
         for i in steps:
             self.assertEqual(after_peak[i + 1], "sync")
+        # The GPU's span per step is read after the timings, from its own steps.
+        self.assertEqual(events[-1], f"spans {_bench.SPAN_STEPS}")
+        self.assertEqual(result["gpu_step_span_us"], 5.0)
         # Ours replayed: `call` on get_args()'s tensors is not what runs.
         self.assertNotIn("call", events)
         self.assertNotIn("call_us", result)
@@ -429,6 +440,20 @@ class TestReport(TestCase):
             "results": records,
             "ratios": _bench.ratios(records),
         }
+
+    def test_step_spans_after_the_first_quarter_and_their_report(self) -> None:
+        # Eight steps (ms): the first two start late (the host not yet ahead),
+        # then each spans 0.4 ms and the next starts 0.01 ms after it ends.
+        starts = [0.0, 1.0] + [2.0 + 0.41 * i for i in range(6)]
+        ends = [0.5, 1.5] + [2.4 + 0.41 * i for i in range(6)]
+        spans = _bench.step_spans(starts, ends)
+        self.assertAlmostEqual(spans["gpu_step_span_us"], 400.0)
+        self.assertAlmostEqual(spans["gpu_between_steps_us"], 10.0)
+        records = [self._record("python", 2.0), self._record("cppwrap", 1.0)]
+        records[1].update(spans)
+        text = _bench.markdown(self._report(records))
+        self.assertIn("- seed / cppwrap: 400.0 (10.0 between)", text)
+        self.assertNotIn("- seed / python:", text)
 
     def test_ratios_and_markdown(self) -> None:
         records = [

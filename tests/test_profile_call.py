@@ -125,19 +125,13 @@ class TestGpuGaps(TestCase):
 
 
 class TestStepSpans(TestCase):
-    def test_span_and_idle_between_steps_after_the_first_quarter(self) -> None:
-        # Eight steps (ms): the first two start late (the host not yet ahead),
-        # then each spans 0.4 ms and the next starts 0.01 ms after it ends.
-        starts = [0.0, 1.0] + [2.0 + 0.41 * i for i in range(6)]
-        ends = [0.5, 1.5] + [2.4 + 0.41 * i for i in range(6)]
-        spans = _profile_call.step_spans(starts, ends)
-        self.assertAlmostEqual(spans["gpu_step_span_us"], 400.0)
-        self.assertAlmostEqual(spans["gpu_between_steps_us"], 10.0)
+    def test_the_unprofiled_spans_have_their_columns(self) -> None:
+        spans = {"gpu_step_span_us": 400.0, "gpu_between_steps_us": 10.0}
         text = _profile_call.markdown(
             [{"workload": "gpt2", "mode": "cppwrap", **spans}]
         )
         self.assertIn("GPU µs per step, unprofiled (events)", text)
-        self.assertIn("| 400.0 | 10.00 |", text)
+        self.assertIn("| 400.0 | 10.0 |", text)
 
 
 if __name__ == "__main__":

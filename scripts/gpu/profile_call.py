@@ -63,12 +63,12 @@ backward; the rest under no_grad):
   gpu_gaps_error says so.  A replayed step whose e2e_us exceeds its
   kernels' time spends the rest in one of those two places.  Under the
   profiler the host is slower (a cuGraphLaunch of 147 nodes takes some
-  250 µs there), so the same is measured without it: CUDA events recorded
-  around each of SPAN_STEPS steps issued back to back give the GPU's time
-  from a step's start to its end (gpu_step_span_us, its median), idle time
-  inside included, and its idle time from one step's end to the next's
-  start (gpu_between_steps_us, median), where a host that keeps ahead of
-  the GPU leaves none.
+  250 µs there), so the same is measured without it (bench.py's
+  time_step_spans): CUDA events recorded around each of SPAN_STEPS steps
+  issued back to back give the GPU's time from a step's start to its end
+  (gpu_step_span_us, its median), idle time inside included, and its idle
+  time from one step's end to the next's start (gpu_between_steps_us,
+  median), where a host that keeps ahead of the GPU leaves none.
 
 torch_cppwrap's generated C++ is written next to the tables; profile.json
 holds the records and profile.md a table of them (both rewritten after each
@@ -105,7 +105,6 @@ ROOT = Path(__file__).resolve().parents[2]
 HOST_REPEATS = 200
 PROFILED_CALLS = 50
 GAP_STEPS = 50
-SPAN_STEPS = 400
 TABLE_COLUMNS = (
     ("workload", "workload"),
     ("mode", "mode"),
@@ -341,44 +340,6 @@ def gpu_gaps(events: Any, steps: int, largest: int = 5) -> dict[str, Any]:
     }
 
 
-def step_spans(starts_ms: list[float], ends_ms: list[float]) -> dict[str, float]:
-    """From the times of the events recorded before and after each step (ms,
-    relative to the first), the median GPU span of a step and the median
-    idle time between one step's end and the next's start, in µs.  The
-    first quarter of the steps is left out: the host is not ahead of the GPU
-    yet while it issues them."""
-    skip = len(starts_ms) // 4
-    spans = [(e - s) * 1e3 for s, e in zip(starts_ms, ends_ms, strict=True)][skip:]
-    between = [(s - e) * 1e3 for e, s in zip(ends_ms[:-1], starts_ms[1:], strict=True)][
-        skip:
-    ]
-    return {
-        "gpu_step_span_us": statistics.median(spans),
-        "gpu_between_steps_us": statistics.median(between) if between else 0.0,
-    }
-
-
-def time_step_spans(step: Callable[[], Any], steps: int) -> dict[str, float]:
-    """Records a CUDA event before and after each of `steps` steps issued
-    back to back, no profiler on, and reads step_spans from them."""
-    import torch
-
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(steps)
-    ]
-    for before, after in events:
-        before.record()
-        step()
-        after.record()
-    torch.cuda.synchronize()
-    first = events[0][0]
-    return step_spans(
-        [first.elapsed_time(before) for before, _ in events],
-        [first.elapsed_time(after) for _, after in events],
-    )
-
-
 def child(
     workload: str,
     mode_name: str,
@@ -476,7 +437,7 @@ def child(
 
         sync()
         if gaps:
-            record.update(time_step_spans(step, SPAN_STEPS))
+            record.update(bench.time_step_spans(step, bench.SPAN_STEPS))
             # Both activities, as the profile below records them.
             with profile(
                 activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from torch._inductor.output_code import CompiledFxGraph
@@ -132,6 +136,29 @@ class TestStepSpans(TestCase):
         )
         self.assertIn("GPU µs per step, unprofiled (events)", text)
         self.assertIn("| 400.0 | 10.0 |", text)
+
+
+class TestChildCommand(TestCase):
+    def test_the_flags_reach_the_child(self) -> None:
+        seen: list[list[str]] = []
+
+        def fake_run(cmd: list[str], **kwargs: Any) -> Any:
+            seen.append(cmd)
+            return subprocess.CompletedProcess(cmd, 0, 'RESULT {"ok": 1}\n', "")
+
+        with (
+            tempfile.TemporaryDirectory() as out,
+            mock.patch.object(_profile_call.subprocess, "run", fake_run),
+        ):
+            record = _profile_call.run_child(
+                "mlp", "cppwrap", Path(out), 10.0, {}, gaps=True, eager_first=True
+            )
+            _profile_call.run_child("mlp", "cppwrap", Path(out), 10.0, {})
+        self.assertEqual(record, {"ok": 1})
+        self.assertIn("--gpu-gaps", seen[0])
+        self.assertIn("--eager-first", seen[0])
+        self.assertNotIn("--eager-first", seen[1])
+        self.assertEqual(seen[0][-2:], ["--gpu-gaps", "--eager-first"])
 
 
 if __name__ == "__main__":

@@ -68,7 +68,11 @@ backward; the rest under no_grad):
   issued back to back give the GPU's time from a step's start to its end
   (gpu_step_span_us, its median), idle time inside included, and its idle
   time from one step's end to the next's start (gpu_between_steps_us,
-  median), where a host that keeps ahead of the GPU leaves none.
+  median), where a host that keeps ahead of the GPU leaves none;
+- with --eager-first, each child runs the model eagerly before compiling it
+  and holds the output while it times, as bench.py's worker does (whose
+  e2e for a replayed graph has differed from this script's: eager_first
+  in the record).
 
 torch_cppwrap's generated C++ is written next to the tables; profile.json
 holds the records and profile.md a table of them (both rewritten after each
@@ -76,7 +80,8 @@ record).
 
     python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
         [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges] \\
-        [--split] [--gpu-gaps] [--processes N] [--timing-cpu CPU]
+        [--split] [--gpu-gaps] [--eager-first] [--processes N] \\
+        [--timing-cpu CPU]
 
 The first process of each workload and mode compiles cold, the others on
 its Inductor cache.
@@ -347,6 +352,7 @@ def child(
     kernel_ranges: bool = False,
     split: bool = False,
     gaps: bool = False,
+    eager_first: bool = False,
 ) -> dict[str, Any]:
     bench = load_bench()
     mode, spec = bench.MODES[mode_name], bench.WORKLOADS[workload]
@@ -368,6 +374,14 @@ def child(
     sync = torch.cuda.synchronize
     torch.manual_seed(0)
     fn, args = spec.build("cuda")
+    # Inference under no_grad; a training step needs grad for its backward.
+    grad_mode = torch.enable_grad if spec.train else torch.no_grad
+    # bench.py's worker runs the model eagerly before it compiles it, and
+    # holds that output while it times: with --eager-first, so does this.
+    expected = None
+    if eager_first:
+        with grad_mode():
+            expected = fn(*args)
     before = bench.loaded_module_count()
     compiled = torch.compile(
         fn, mode=mode.compile_mode, dynamic=True if spec.dynamic else None
@@ -384,9 +398,8 @@ def child(
         "cuda_graphs_env": os.environ.get("TORCH_CPPWRAP_CUDA_GRAPHS"),
         "train": spec.train,
         "kernel_ranges": kernel_ranges,
+        "eager_first": expected is not None,
     }
-    # Inference under no_grad; a training step needs grad for its backward.
-    grad_mode = torch.enable_grad if spec.train else torch.no_grad
     with grad_mode():
         step()
         sync()
@@ -507,6 +520,7 @@ def run_child(
     split: bool = False,
     cache_dir: str | None = None,
     gaps: bool = False,
+    eager_first: bool = False,
 ) -> dict[str, Any]:
     """One child's record.  It compiles into `cache_dir` (a fresh directory,
     removed afterwards, if None): a later process of the same workload and
@@ -527,6 +541,8 @@ def run_child(
         cmd.append("--split")
     if gaps:
         cmd.append("--gpu-gaps")
+    if eager_first:
+        cmd.append("--eager-first")
     error: dict[str, Any] = {"workload": workload, "mode": mode}
     try:
         proc = subprocess.run(
@@ -632,6 +648,12 @@ def main() -> int:
         "the GPU idles between and inside them",
     )
     parser.add_argument(
+        "--eager-first",
+        action="store_true",
+        help="run the model eagerly before compiling it and hold its output, "
+        "as bench.py's worker does",
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         default=1,
@@ -658,6 +680,7 @@ def main() -> int:
             kernel_ranges=ns.kernel_ranges,
             split=ns.split,
             gaps=ns.gpu_gaps,
+            eager_first=ns.eager_first,
         )
         print("RESULT " + json.dumps(record), flush=True)
         return 0
@@ -699,6 +722,7 @@ def main() -> int:
                     ns.split,
                     cache_dir=os.path.join(caches, f"{workload}-{mode}"),
                     gaps=ns.gpu_gaps,
+                    eager_first=ns.eager_first,
                 )
                 record["process"] = process + 1
                 print(json.dumps(record), flush=True)

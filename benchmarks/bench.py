@@ -654,8 +654,10 @@ SETTLE_WINDOW_S = 0.2
 
 # Calls made before time_per_call sizes its repeats.
 WARM_UP_CALLS = 3
-# Calls timed one by one on an idle GPU for a CUDA row's host time per call.
+# Steps issued back to back, between CUDA events, for a CUDA row's GPU time
+# per step (time_step_spans).
 SPAN_STEPS = 400
+# Calls timed one by one on an idle GPU for a CUDA row's host time per call.
 HOST_CALLS = 200
 
 FULL = Budget(repeats=7, target_s=0.2)

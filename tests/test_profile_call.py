@@ -151,14 +151,127 @@ class TestChildCommand(TestCase):
             mock.patch.object(_profile_call.subprocess, "run", fake_run),
         ):
             record = _profile_call.run_child(
-                "mlp", "cppwrap", Path(out), 10.0, {}, gaps=True, eager_first=True
+                "mlp",
+                "cppwrap",
+                Path(out),
+                10.0,
+                {},
+                gaps=True,
+                eager_first="drop",
+                graph_dump=True,
             )
             _profile_call.run_child("mlp", "cppwrap", Path(out), 10.0, {})
         self.assertEqual(record, {"ok": 1})
-        self.assertIn("--gpu-gaps", seen[0])
-        self.assertIn("--eager-first", seen[0])
+        self.assertEqual(
+            seen[0][-4:], ["--gpu-gaps", "--eager-first", "drop", "--graph-dump"]
+        )
         self.assertNotIn("--eager-first", seen[1])
-        self.assertEqual(seen[0][-2:], ["--gpu-gaps", "--eager-first"])
+        self.assertNotIn("--graph-dump", seen[1])
+
+    def test_eager_first_holds_the_output_unless_told_to_drop_it(self) -> None:
+        parser_args = ["--eager-first"], ["--eager-first", "drop"], []
+        seen: list[dict[str, Any]] = []
+        for args in parser_args:
+            with (
+                tempfile.TemporaryDirectory() as out,
+                mock.patch.object(
+                    _profile_call.sys,
+                    "argv",
+                    ["profile_call.py", "--out", out, *args, "--child", "mlp", "x"],
+                ),
+                mock.patch.object(
+                    _profile_call, "child", lambda *a, **k: seen.append(k) or {}
+                ),
+                mock.patch("builtins.print"),
+            ):
+                self.assertEqual(_profile_call.main(), 0)
+        self.assertEqual([k["eager_first"] for k in seen], ["hold", "drop", None])
+
+
+# What cudaGraphDebugDotPrint writes, in outline: a cluster per graph, a
+# node per line of attributes, its kind the label's first word, then edges.
+_DOT = """digraph dot {
+subgraph cluster_7 {
+label="graph_7" graph[style="dashed"];
+"graph_7_node_0"[style="solid" shape="record" label="{MEMCPY
+| {ID | 0 | v0}
+| {src | 0x7f00aa000000}}"];
+"graph_7_node_1"[style="solid" shape="record" label="{KERNEL
+| {ID | 1 | v1}
+| {triton_poi_fused_0 | 0x7f00bb000000}}"];
+"graph_7_node_2"[style="solid" shape="record" label="{KERNEL
+| {ID | 2 | v2}
+| {triton_poi_fused_1 | 0x7f00cc000000}}"];
+"graph_7_node_0" -> "graph_7_node_1" [style="solid"];
+"graph_7_node_0" -> "graph_7_node_2" [style="solid"];
+}
+}
+"""
+
+
+class TestGraphDump(TestCase):
+    def test_summary_counts_kinds_edges_and_forks(self) -> None:
+        summary = _profile_call.graph_summary(_DOT)
+        self.assertEqual(summary["nodes"], 3)
+        self.assertEqual(summary["kinds"], {"MEMCPY": 1, "KERNEL": 2})
+        self.assertEqual(summary["edges"], 2)
+        self.assertEqual(summary["forks"], 1)
+
+    def test_digest_ignores_addresses_and_graph_ids_only(self) -> None:
+        digest = _profile_call.graph_summary(_DOT)["digest"]
+        moved = _DOT.replace("0x7f00", "0x7e11").replace("graph_7", "graph_12")
+        self.assertEqual(_profile_call.graph_summary(moved)["digest"], digest)
+        renamed = _DOT.replace("triton_poi_fused_1", "triton_poi_fused_2")
+        self.assertNotEqual(_profile_call.graph_summary(renamed)["digest"], digest)
+
+    def test_every_capture_is_dumped_and_summarised(self) -> None:
+        calls: list[str] = []
+
+        class FakeGraph:
+            def enable_debug_mode(self) -> None:
+                calls.append("debug")
+
+            def capture_begin(self, pool: Any = None) -> None:
+                calls.append("begin")
+
+            def capture_end(self) -> None:
+                calls.append("end")
+
+            def debug_dump(self, path: str) -> None:
+                calls.append("dump")
+                Path(path).write_text(_DOT)
+
+        with (
+            tempfile.TemporaryDirectory() as out,
+            mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph),
+        ):
+            dumps = _profile_call.dump_captured_graphs(Path(out), "mlp_cppwrap_1")
+            for _ in range(2):
+                graph = FakeGraph()
+                graph.capture_begin(pool=None)
+                graph.capture_end()
+            files = sorted(p.name for p in Path(out).iterdir())
+        self.assertEqual(calls, ["debug", "begin", "end", "dump"] * 2)
+        self.assertEqual(
+            files, ["graph_mlp_cppwrap_1_0.dot", "graph_mlp_cppwrap_1_1.dot"]
+        )
+        self.assertEqual([d["file"] for d in dumps], files)
+        self.assertEqual(dumps[0]["kinds"], {"MEMCPY": 1, "KERNEL": 2})
+        text = _profile_call.markdown(
+            [
+                {
+                    "workload": "mlp",
+                    "mode": "cppwrap",
+                    "process": 1,
+                    "cuda_graph_dumps": dumps,
+                }
+            ]
+        )
+        self.assertIn(
+            "- mlp / cppwrap (process 1): CUDA graph 0: 3 nodes (KERNEL 2, MEMCPY 1), "
+            "2 edges, 1 forks",
+            text,
+        )
 
 
 if __name__ == "__main__":

@@ -72,7 +72,18 @@ backward; the rest under no_grad):
 - with --eager-first, each child runs the model eagerly before compiling it
   and holds the output while it times, as bench.py's worker does (whose
   e2e for a replayed graph has differed from this script's: eager_first
-  in the record).
+  in the record); with --eager-first drop, it lets that output go and
+  empties the caching allocator's cache before compiling, so that what the
+  eager run leaves in memory is told apart from what it initialises
+  (cuBLAS and cuDNN handles, lazily loaded kernels);
+- with --graph-dump, every CUDA graph a child captures (ours and
+  reduce-overhead's alike: both capture through torch.cuda.graph) is
+  written as Graphviz by CUDA's cudaGraphDebugDotPrint
+  (graph_WORKLOAD_MODE_PID_N.dot), and cuda_graph_dumps in the record
+  summarises each: its nodes by kind, edges, the nodes where the graph
+  forks into parallel branches, and a digest of the dump with addresses
+  and graph ids left out, equal for two graphs of the same nodes, order,
+  launch settings and dependencies.
 
 torch_cppwrap's generated C++ is written next to the tables; profile.json
 holds the records and profile.md a table of them (both rewritten after each
@@ -80,8 +91,8 @@ record).
 
     python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
         [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges] \\
-        [--split] [--gpu-gaps] [--eager-first] [--processes N] \\
-        [--timing-cpu CPU]
+        [--split] [--gpu-gaps] [--eager-first [hold|drop]] [--graph-dump] \\
+        [--processes N] [--timing-cpu CPU]
 
 The first process of each workload and mode compiles cold, the others on
 its Inductor cache.
@@ -90,11 +101,15 @@ its Inductor cache.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
+import gc
+import hashlib
 import importlib.util
 import itertools
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -114,6 +129,7 @@ TABLE_COLUMNS = (
     ("workload", "workload"),
     ("mode", "mode"),
     ("process", "process"),
+    ("eager_first", "eager run first"),
     ("timing_cpu", "CPU"),
     ("e2e_us", "e2e µs"),
     ("e2e_sync_each_us", "e2e sync-each µs"),
@@ -345,6 +361,57 @@ def gpu_gaps(events: Any, steps: int, largest: int = 5) -> dict[str, Any]:
     }
 
 
+# cudaGraphDebugDotPrint names each node "graph_<graph id>_node_<n>"; what a
+# label holds varies with the driver, so a summary reads only the names, the
+# edges between them and the first word of each label (the node's kind).
+_DOT_NODE = re.compile(r'"(graph_\d+_node_\d+)"\s*\[[^\]]*?label="\{?\s*([A-Za-z_]*)')
+_DOT_EDGE = re.compile(r'"(graph_\d+_node_\d+)"\s*->\s*"(graph_\d+_node_\d+)"')
+_DOT_VOLATILE = re.compile(r"0x[0-9a-fA-F]+|graph_\d+")
+
+
+def graph_summary(dot: str) -> dict[str, Any]:
+    """One cudaGraphDebugDotPrint dump: its nodes by kind, its edges, the
+    nodes with more than one edge out (where branches run side by side),
+    and a digest of the text with pointers and graph ids taken out."""
+    kinds = dict(_DOT_NODE.findall(dot))
+    edges = _DOT_EDGE.findall(dot)
+    out_degree = collections.Counter(a for a, _ in edges)
+    stable = _DOT_VOLATILE.sub("#", dot)
+    return {
+        "nodes": len(kinds),
+        "kinds": dict(collections.Counter(k or "?" for k in kinds.values())),
+        "edges": len(edges),
+        "forks": sum(1 for n in out_degree.values() if n > 1),
+        "digest": hashlib.sha256(stable.encode()).hexdigest()[:12],
+    }
+
+
+def dump_captured_graphs(out: Path, tag: str) -> list[dict[str, Any]]:
+    """From now on in this process, every CUDA graph captured through
+    torch.cuda.graph (ours, cudagraph trees) keeps its graph for
+    debug_dump and is written to out/graph_<tag>_<n>.dot when its capture
+    ends.  The list returned fills with the dumps' summaries."""
+    import torch
+
+    dumps: list[dict[str, Any]] = []
+    graph_class = torch.cuda.CUDAGraph
+    begin, end = graph_class.capture_begin, graph_class.capture_end
+
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
+        self.enable_debug_mode()
+        begin(self, *args, **kwargs)
+
+    def capture_end(self: Any) -> None:
+        end(self)
+        path = out / f"graph_{tag}_{len(dumps)}.dot"
+        self.debug_dump(str(path))
+        dumps.append({"file": path.name, **graph_summary(path.read_text())})
+
+    graph_class.capture_begin = capture_begin  # type: ignore[method-assign]
+    graph_class.capture_end = capture_end  # type: ignore[method-assign]
+    return dumps
+
+
 def child(
     workload: str,
     mode_name: str,
@@ -352,7 +419,8 @@ def child(
     kernel_ranges: bool = False,
     split: bool = False,
     gaps: bool = False,
-    eager_first: bool = False,
+    eager_first: str | None = None,
+    graph_dump: bool = False,
 ) -> dict[str, Any]:
     bench = load_bench()
     mode, spec = bench.MODES[mode_name], bench.WORKLOADS[workload]
@@ -382,6 +450,16 @@ def child(
     if eager_first:
         with grad_mode():
             expected = fn(*args)
+        if eager_first == "drop":
+            expected = None
+            gc.collect()
+            sync()
+            torch.cuda.empty_cache()
+    dumps = (
+        dump_captured_graphs(out, f"{workload}_{mode_name}_{os.getpid()}")
+        if graph_dump
+        else None
+    )
     before = bench.loaded_module_count()
     compiled = torch.compile(
         fn, mode=mode.compile_mode, dynamic=True if spec.dynamic else None
@@ -398,7 +476,8 @@ def child(
         "cuda_graphs_env": os.environ.get("TORCH_CPPWRAP_CUDA_GRAPHS"),
         "train": spec.train,
         "kernel_ranges": kernel_ranges,
-        "eager_first": expected is not None,
+        "eager_first": eager_first,
+        "eager_output_held": expected is not None,
     }
     with grad_mode():
         step()
@@ -414,6 +493,8 @@ def child(
             for m in modules
             if hasattr(getattr(m, "_module", None), "cuda_graph_state")
         ]
+        if dumps is not None:
+            record["cuda_graph_dumps"] = dumps
 
         def timed(f: Callable[[], Any], per_call_sync: bool) -> float:
             def once() -> None:
@@ -520,7 +601,8 @@ def run_child(
     split: bool = False,
     cache_dir: str | None = None,
     gaps: bool = False,
-    eager_first: bool = False,
+    eager_first: str | None = None,
+    graph_dump: bool = False,
 ) -> dict[str, Any]:
     """One child's record.  It compiles into `cache_dir` (a fresh directory,
     removed afterwards, if None): a later process of the same workload and
@@ -542,7 +624,9 @@ def run_child(
     if gaps:
         cmd.append("--gpu-gaps")
     if eager_first:
-        cmd.append("--eager-first")
+        cmd += ["--eager-first", eager_first]
+    if graph_dump:
+        cmd.append("--graph-dump")
     error: dict[str, Any] = {"workload": workload, "mode": mode}
     try:
         proc = subprocess.run(
@@ -602,6 +686,14 @@ def markdown(records: list[dict[str, Any]]) -> str:
                 f"{python.get('extern_host_us_per_call', 0):.0f}"
             )
     for r in records:
+        for n, dump in enumerate(r.get("cuda_graph_dumps") or ()):
+            kinds = ", ".join(f"{k} {v}" for k, v in sorted(dump["kinds"].items()))
+            lines.append(
+                f"- {r['workload']} / {r['mode']} (process {r.get('process')}): "
+                f"CUDA graph {n}: {dump['nodes']} nodes ({kinds}), "
+                f"{dump['edges']} edges, {dump['forks']} forks, "
+                f"digest {dump['digest']} ({dump['file']})"
+            )
         for gap in r.get("gpu_largest_gaps") or ():
             lines.append(
                 f"- {r['workload']} / {r['mode']}: {gap['us']:.1f} µs idle after "
@@ -649,9 +741,18 @@ def main() -> int:
     )
     parser.add_argument(
         "--eager-first",
-        action="store_true",
+        nargs="?",
+        const="hold",
+        choices=("hold", "drop"),
         help="run the model eagerly before compiling it and hold its output, "
-        "as bench.py's worker does",
+        "as bench.py's worker does; `drop`: let the output go and empty the "
+        "allocator's cache before compiling",
+    )
+    parser.add_argument(
+        "--graph-dump",
+        action="store_true",
+        help="write every CUDA graph captured as Graphviz "
+        "(cudaGraphDebugDotPrint) and summarise each in the record",
     )
     parser.add_argument(
         "--processes",
@@ -681,6 +782,7 @@ def main() -> int:
             split=ns.split,
             gaps=ns.gpu_gaps,
             eager_first=ns.eager_first,
+            graph_dump=ns.graph_dump,
         )
         print("RESULT " + json.dumps(record), flush=True)
         return 0
@@ -723,6 +825,7 @@ def main() -> int:
                     cache_dir=os.path.join(caches, f"{workload}-{mode}"),
                     gaps=ns.gpu_gaps,
                     eager_first=ns.eager_first,
+                    graph_dump=ns.graph_dump,
                 )
                 record["process"] = process + 1
                 print(json.dumps(record), flush=True)

@@ -14,3 +14,10 @@ export PYTHONUNBUFFERED=1
 # Inductor's cache holds torch_cppwrap's too (runtime extension, precompiled
 # headers); the tests link those into the fresh cache each test gets.
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor_cache_tests}
+# The image keeps no bytecode for most of its Python: every process compiled
+# some 2,300 modules from source as it imported them (7.5 s of a cProfiled
+# cold compile in session 26), in every mode, cold and warm alike.  A user's
+# installation has its bytecode, so keep it, under /tmp, for every process of
+# the call after the first.
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/cppwrap_pycache}
+unset PYTHONDONTWRITEBYTECODE

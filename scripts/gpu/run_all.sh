@@ -40,7 +40,7 @@ export TORCHINDUCTOR_VEC_ISA_OK=${TORCHINDUCTOR_VEC_ISA_OK:-1}
 
 echo "== machine"
 nvidia-smi -L || true
-$PYTHON -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, torch.version.cuda, "triton", triton.__version__, torch.cuda.get_device_name(0), "devices:", torch.cuda.device_count())'
+$PYTHON -c 'import sys, torch, triton; print(sys.version.split()[0], torch.__version__, torch.version.cuda, "triton", triton.__version__, torch.cuda.get_device_name(0), "devices:", torch.cuda.device_count(), "bytecode written:", not sys.dont_write_bytecode, "under", sys.pycache_prefix)'
 g++ --version | head -1
 nproc
 

@@ -188,22 +188,28 @@ class TestChildCommand(TestCase):
         self.assertEqual([k["eager_first"] for k in seen], ["hold", "drop", None])
 
 
-# What cudaGraphDebugDotPrint writes, in outline: a cluster per graph, a
-# node per line of attributes, its kind the label's first word, then edges.
-_DOT = """digraph dot {
+# What cudaGraphDebugDotPrint writes with its verbose flag (torch's
+# debug_dump), in outline: a cluster per graph, a record per node whose label
+# starts with the node's kind, then the edges.
+_DOT = r"""digraph dot {
 subgraph cluster_7 {
 label="graph_7" graph[style="dashed"];
-"graph_7_node_0"[style="solid" shape="record" label="{MEMCPY
-| {ID | 0 | v0}
-| {src | 0x7f00aa000000}}"];
-"graph_7_node_1"[style="solid" shape="record" label="{KERNEL
-| {ID | 1 | v1}
-| {triton_poi_fused_0 | 0x7f00bb000000}}"];
-"graph_7_node_2"[style="solid" shape="record" label="{KERNEL
-| {ID | 2 | v2}
-| {triton_poi_fused_1 | 0x7f00cc000000}}"];
-"graph_7_node_0" -> "graph_7_node_1" [style="solid"];
-"graph_7_node_0" -> "graph_7_node_2" [style="solid"];
+"graph_7_node_0"[style="bold" shape="record" label="{MEMCPY
+| {ID | 0 (topoId: 2) | (0x7F00AA000000) -\> (0x7F00AB000000)}
+| {{node handle} | {0x000055E7277A5C20}}
+}"];
+"graph_7_node_1"[style="bold" shape="record" label="{KERNEL
+| {ID | 1 (topoId: 1) | triton_poi_fused_0\<\<\<8,128,0\>\>\>}
+| {{node handle | func handle} | {0x000055E7277A5D30 | 0x000055E7270A5A90}}
+| {priority | 0}
+}"];
+"graph_7_node_2"[style="bold" shape="record" label="{KERNEL
+| {ID | 2 (topoId: 0) | triton_poi_fused_1\<\<\<8,128,0\>\>\>}
+| {{node handle | func handle} | {0x000055E7277A5E40 | 0x000055E7270A5BA0}}
+| {priority | 0}
+}"];
+"graph_7_node_0" -> "graph_7_node_1";
+"graph_7_node_0" -> "graph_7_node_2";
 }
 }
 """
@@ -219,7 +225,7 @@ class TestGraphDump(TestCase):
 
     def test_digest_ignores_addresses_and_graph_ids_only(self) -> None:
         digest = _profile_call.graph_summary(_DOT)["digest"]
-        moved = _DOT.replace("0x7f00", "0x7e11").replace("graph_7", "graph_12")
+        moved = _DOT.replace("0x7F00", "0x7E11").replace("graph_7", "graph_12")
         self.assertEqual(_profile_call.graph_summary(moved)["digest"], digest)
         renamed = _DOT.replace("triton_poi_fused_1", "triton_poi_fused_2")
         self.assertNotEqual(_profile_call.graph_summary(renamed)["digest"], digest)

@@ -159,17 +159,29 @@ class TestChildCommand(TestCase):
                 gaps=True,
                 eager_first="drop",
                 graph_dump=True,
+                keep_cached_memory=True,
             )
             _profile_call.run_child("mlp", "cppwrap", Path(out), 10.0, {})
         self.assertEqual(record, {"ok": 1})
         self.assertEqual(
-            seen[0][-4:], ["--gpu-gaps", "--eager-first", "drop", "--graph-dump"]
+            seen[0][-5:],
+            [
+                "--gpu-gaps",
+                "--eager-first",
+                "drop",
+                "--graph-dump",
+                "--keep-cached-memory",
+            ],
         )
-        self.assertNotIn("--eager-first", seen[1])
-        self.assertNotIn("--graph-dump", seen[1])
+        for flag in ("--eager-first", "--graph-dump", "--keep-cached-memory"):
+            self.assertNotIn(flag, seen[1])
 
-    def test_eager_first_holds_the_output_unless_told_to_drop_it(self) -> None:
-        parser_args = ["--eager-first"], ["--eager-first", "drop"], []
+    def test_the_child_is_told_what_the_flags_ask(self) -> None:
+        parser_args = (
+            ["--eager-first"],
+            ["--eager-first", "drop", "--keep-cached-memory"],
+            [],
+        )
         seen: list[dict[str, Any]] = []
         for args in parser_args:
             with (
@@ -186,6 +198,7 @@ class TestChildCommand(TestCase):
             ):
                 self.assertEqual(_profile_call.main(), 0)
         self.assertEqual([k["eager_first"] for k in seen], ["hold", "drop", None])
+        self.assertEqual([k["keep_cached_memory"] for k in seen], [False, True, False])
 
 
 # What cudaGraphDebugDotPrint writes with its verbose flag (torch's

@@ -75,7 +75,10 @@ backward; the rest under no_grad):
   in the record); with --eager-first drop, it lets that output go and
   empties the caching allocator's cache before compiling, so that what the
   eager run leaves in memory is told apart from what it initialises
-  (cuBLAS and cuDNN handles, lazily loaded kernels);
+  (cuBLAS and cuDNN handles, lazily loaded kernels); with
+  --keep-cached-memory, ours' warm-up before a capture does not give back
+  what the default pool caches (cuda_graphs._release_cached_memory, which
+  keeps the process's peak down), so that its part in that is told apart;
 - with --graph-dump, every CUDA graph a child captures (ours and
   reduce-overhead's alike: both capture through torch.cuda.graph) is
   written as Graphviz by CUDA's cudaGraphDebugDotPrint
@@ -92,7 +95,7 @@ record).
     python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
         [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges] \\
         [--split] [--gpu-gaps] [--eager-first [hold|drop]] [--graph-dump] \\
-        [--processes N] [--timing-cpu CPU]
+        [--keep-cached-memory] [--processes N] [--timing-cpu CPU]
 
 The first process of each workload and mode compiles cold, the others on
 its Inductor cache.
@@ -421,11 +424,17 @@ def child(
     gaps: bool = False,
     eager_first: str | None = None,
     graph_dump: bool = False,
+    keep_cached_memory: bool = False,
 ) -> dict[str, Any]:
     bench = load_bench()
     mode, spec = bench.MODES[mode_name], bench.WORKLOADS[workload]
     if mode.imports_torch_cppwrap:
         import torch_cppwrap  # noqa: F401
+
+        if keep_cached_memory:
+            from torch_cppwrap._inductor.runtime import cuda_graphs
+
+            cuda_graphs._release_cached_memory = lambda: None
     elif "torch_cppwrap" in sys.modules:
         raise RuntimeError(f"mode {mode_name!r} must run without torch_cppwrap")
 
@@ -478,6 +487,7 @@ def child(
         "kernel_ranges": kernel_ranges,
         "eager_first": eager_first,
         "eager_output_held": expected is not None,
+        "keep_cached_memory": keep_cached_memory,
     }
     with grad_mode():
         step()
@@ -603,6 +613,7 @@ def run_child(
     gaps: bool = False,
     eager_first: str | None = None,
     graph_dump: bool = False,
+    keep_cached_memory: bool = False,
 ) -> dict[str, Any]:
     """One child's record.  It compiles into `cache_dir` (a fresh directory,
     removed afterwards, if None): a later process of the same workload and
@@ -627,6 +638,8 @@ def run_child(
         cmd += ["--eager-first", eager_first]
     if graph_dump:
         cmd.append("--graph-dump")
+    if keep_cached_memory:
+        cmd.append("--keep-cached-memory")
     error: dict[str, Any] = {"workload": workload, "mode": mode}
     try:
         proc = subprocess.run(
@@ -755,6 +768,12 @@ def main() -> int:
         "(cudaGraphDebugDotPrint) and summarise each in the record",
     )
     parser.add_argument(
+        "--keep-cached-memory",
+        action="store_true",
+        help="ours' warm-up before a capture leaves the default pool's cache "
+        "alone (it gives it back to keep the peak down)",
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         default=1,
@@ -783,6 +802,7 @@ def main() -> int:
             gaps=ns.gpu_gaps,
             eager_first=ns.eager_first,
             graph_dump=ns.graph_dump,
+            keep_cached_memory=ns.keep_cached_memory,
         )
         print("RESULT " + json.dumps(record), flush=True)
         return 0
@@ -826,6 +846,7 @@ def main() -> int:
                     gaps=ns.gpu_gaps,
                     eager_first=ns.eager_first,
                     graph_dump=ns.graph_dump,
+                    keep_cached_memory=ns.keep_cached_memory,
                 )
                 record["process"] = process + 1
                 print(json.dumps(record), flush=True)

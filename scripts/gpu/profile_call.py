@@ -75,7 +75,10 @@ backward; the rest under no_grad):
   in the record); with --eager-first drop, it lets that output go and
   empties the caching allocator's cache before compiling, so that what the
   eager run leaves in memory is told apart from what it initialises
-  (cuBLAS and cuDNN handles, lazily loaded kernels); with
+  (cuBLAS and cuDNN handles, lazily loaded kernels); with --eager-first
+  libs, it runs one small convolution and one matmul eagerly instead of
+  the model, making cuBLAS's and cuDNN's handles and workspaces and nothing
+  of the model's (its kernels, cuDNN's plans for its shapes); with
   --keep-cached-memory, ours' warm-up before a capture does not give back
   what the default pool caches (cuda_graphs._release_cached_memory, which
   keeps the process's peak down), so that its part in that is told apart;
@@ -86,7 +89,10 @@ backward; the rest under no_grad):
   summarises each: its nodes by kind, edges, the nodes where the graph
   forks into parallel branches, and a digest of the dump with addresses
   and graph ids left out, equal for two graphs of the same nodes, order,
-  launch settings and dependencies.
+  launch settings and dependencies.  A dump that fails, or that CUDA does
+  not write, is recorded with its error and never fails the capture it
+  watches (on torch 2.11 a failed dump made ours' capture fall back to
+  launching kernel by kernel, and reduce-overhead's run fail).
 
 torch_cppwrap's generated C++ is written next to the tables; profile.json
 holds the records and profile.md a table of them (both rewritten after each
@@ -94,7 +100,7 @@ record).
 
     python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
         [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges] \\
-        [--split] [--gpu-gaps] [--eager-first [hold|drop]] [--graph-dump] \\
+        [--split] [--gpu-gaps] [--eager-first [hold|drop|libs]] [--graph-dump] \\
         [--keep-cached-memory] [--processes N] [--timing-cpu CPU]
 
 The first process of each workload and mode compiles cold, the others on
@@ -407,12 +413,31 @@ def dump_captured_graphs(out: Path, tag: str) -> list[dict[str, Any]]:
     def capture_end(self: Any) -> None:
         end(self)
         path = out / f"graph_{tag}_{len(dumps)}.dot"
-        self.debug_dump(str(path))
-        dumps.append({"file": path.name, **graph_summary(path.read_text())})
+        try:
+            self.debug_dump(str(path))
+            if not path.exists():
+                raise FileNotFoundError("debug_dump wrote no file")
+            summary = graph_summary(path.read_text())
+        except Exception as e:  # the capture watched must not fail for it
+            dumps.append({"file": path.name, "error": f"{type(e).__name__}: {e}"})
+            return
+        dumps.append({"file": path.name, **summary})
 
     graph_class.capture_begin = capture_begin  # type: ignore[method-assign]
     graph_class.capture_end = capture_end  # type: ignore[method-assign]
     return dumps
+
+
+def warm_libraries(torch: Any) -> None:
+    """What any eager run on the GPU makes and a model's own run adds
+    nothing to: cuBLAS's and cuDNN's handles and workspaces on the current
+    stream, from one small convolution and one matmul."""
+    with torch.no_grad():
+        x = torch.randn(1, 8, 16, 16, device="cuda")
+        torch.nn.functional.conv2d(x, torch.randn(8, 8, 3, 3, device="cuda"))
+        a = torch.randn(64, 64, device="cuda")
+        torch.mm(a, a)
+    torch.cuda.synchronize()
 
 
 def child(
@@ -456,7 +481,9 @@ def child(
     # bench.py's worker runs the model eagerly before it compiles it, and
     # holds that output while it times: with --eager-first, so does this.
     expected = None
-    if eager_first:
+    if eager_first == "libs":
+        warm_libraries(torch)
+    elif eager_first:
         with grad_mode():
             expected = fn(*args)
         if eager_first == "drop":
@@ -700,6 +727,12 @@ def markdown(records: list[dict[str, Any]]) -> str:
             )
     for r in records:
         for n, dump in enumerate(r.get("cuda_graph_dumps") or ()):
+            if "error" in dump:
+                lines.append(
+                    f"- {r['workload']} / {r['mode']} (process {r.get('process')}): "
+                    f"CUDA graph {n}: no dump ({dump['error']})"
+                )
+                continue
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(dump["kinds"].items()))
             lines.append(
                 f"- {r['workload']} / {r['mode']} (process {r.get('process')}): "
@@ -756,10 +789,11 @@ def main() -> int:
         "--eager-first",
         nargs="?",
         const="hold",
-        choices=("hold", "drop"),
+        choices=("hold", "drop", "libs"),
         help="run the model eagerly before compiling it and hold its output, "
         "as bench.py's worker does; `drop`: let the output go and empty the "
-        "allocator's cache before compiling",
+        "allocator's cache before compiling; `libs`: instead of the model, "
+        "one small convolution and one matmul (cuBLAS's and cuDNN's handles)",
     )
     parser.add_argument(
         "--graph-dump",

@@ -181,6 +181,7 @@ class TestChildCommand(TestCase):
             ["--eager-first"],
             ["--eager-first", "drop", "--keep-cached-memory"],
             ["--eager-first", "libs"],
+            ["--eager-first", "cublas"],
             [],
         )
         seen: list[dict[str, Any]] = []
@@ -199,10 +200,30 @@ class TestChildCommand(TestCase):
             ):
                 self.assertEqual(_profile_call.main(), 0)
         self.assertEqual(
-            [k["eager_first"] for k in seen], ["hold", "drop", "libs", None]
+            [k["eager_first"] for k in seen], ["hold", "drop", "libs", "cublas", None]
         )
         self.assertEqual(
-            [k["keep_cached_memory"] for k in seen], [False, True, False, False]
+            [k["keep_cached_memory"] for k in seen],
+            [False, True, False, False, False],
+        )
+
+    def test_the_library_settings_set_up_only_their_libraries(self) -> None:
+        fake_torch = mock.MagicMock()
+        ran: dict[str, list[str]] = {}
+        for setting in ("libs", "cudnn", "cublas"):
+            fake_torch.reset_mock()
+            _profile_call.warm_libraries(fake_torch, _profile_call.LIBRARIES[setting])
+            ran[setting] = [
+                name
+                for name, called in (
+                    ("conv2d", fake_torch.nn.functional.conv2d.called),
+                    ("mm", fake_torch.mm.called),
+                )
+                if called
+            ]
+            fake_torch.cuda.synchronize.assert_called_once()
+        self.assertEqual(
+            ran, {"libs": ["conv2d", "mm"], "cudnn": ["conv2d"], "cublas": ["mm"]}
         )
 
 

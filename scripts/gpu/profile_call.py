@@ -78,7 +78,9 @@ backward; the rest under no_grad):
   (cuBLAS and cuDNN handles, lazily loaded kernels); with --eager-first
   libs, it runs one small convolution and one matmul eagerly instead of
   the model, making cuBLAS's and cuDNN's handles and workspaces and nothing
-  of the model's (its kernels, cuDNN's plans for its shapes); with
+  of the model's (its kernels, cuDNN's plans for its shapes), and with
+  --eager-first cudnn or cublas only the convolution or only the matmul;
+  with
   --keep-cached-memory, ours' warm-up before a capture does not give back
   what the default pool caches (cuda_graphs._release_cached_memory, which
   keeps the process's peak down), so that its part in that is told apart;
@@ -100,7 +102,7 @@ record).
 
     python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
         [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges] \\
-        [--split] [--gpu-gaps] [--eager-first [hold|drop|libs]] [--graph-dump] \\
+        [--split] [--gpu-gaps] [--eager-first [hold|drop|libs|cudnn|cublas]] [--graph-dump] \\
         [--keep-cached-memory] [--processes N] [--timing-cpu CPU]
 
 The first process of each workload and mode compiles cold, the others on
@@ -428,15 +430,22 @@ def dump_captured_graphs(out: Path, tag: str) -> list[dict[str, Any]]:
     return dumps
 
 
-def warm_libraries(torch: Any) -> None:
+# --eager-first's settings that run no part of the model: which libraries
+# warm_libraries sets up.
+LIBRARIES = {"libs": ("cudnn", "cublas"), "cudnn": ("cudnn",), "cublas": ("cublas",)}
+
+
+def warm_libraries(torch: Any, libraries: tuple[str, ...]) -> None:
     """What any eager run on the GPU makes and a model's own run adds
-    nothing to: cuBLAS's and cuDNN's handles and workspaces on the current
-    stream, from one small convolution and one matmul."""
+    nothing to: cuDNN's (one small convolution) and cuBLAS's (one matmul)
+    handles and workspaces on the current stream."""
     with torch.no_grad():
-        x = torch.randn(1, 8, 16, 16, device="cuda")
-        torch.nn.functional.conv2d(x, torch.randn(8, 8, 3, 3, device="cuda"))
-        a = torch.randn(64, 64, device="cuda")
-        torch.mm(a, a)
+        if "cudnn" in libraries:
+            x = torch.randn(1, 8, 16, 16, device="cuda")
+            torch.nn.functional.conv2d(x, torch.randn(8, 8, 3, 3, device="cuda"))
+        if "cublas" in libraries:
+            a = torch.randn(64, 64, device="cuda")
+            torch.mm(a, a)
     torch.cuda.synchronize()
 
 
@@ -481,8 +490,8 @@ def child(
     # bench.py's worker runs the model eagerly before it compiles it, and
     # holds that output while it times: with --eager-first, so does this.
     expected = None
-    if eager_first == "libs":
-        warm_libraries(torch)
+    if eager_first in LIBRARIES:
+        warm_libraries(torch, LIBRARIES[eager_first])
     elif eager_first:
         with grad_mode():
             expected = fn(*args)
@@ -789,11 +798,12 @@ def main() -> int:
         "--eager-first",
         nargs="?",
         const="hold",
-        choices=("hold", "drop", "libs"),
+        choices=("hold", "drop", *LIBRARIES),
         help="run the model eagerly before compiling it and hold its output, "
         "as bench.py's worker does; `drop`: let the output go and empty the "
         "allocator's cache before compiling; `libs`: instead of the model, "
-        "one small convolution and one matmul (cuBLAS's and cuDNN's handles)",
+        "one small convolution and one matmul (cuDNN's and cuBLAS's "
+        "handles); `cudnn`, `cublas`: only the one",
     )
     parser.add_argument(
         "--graph-dump",

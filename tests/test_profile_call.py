@@ -255,6 +255,12 @@ label="graph_7" graph[style="dashed"];
 
 
 class TestGraphDump(TestCase):
+    @staticmethod
+    def markdown_of(dumps: list[dict[str, Any]]) -> str:
+        """profile.md's text for one record of MLP under ours with `dumps`."""
+        record = {"workload": "mlp", "mode": "cppwrap", "process": 1}
+        return _profile_call.markdown([{**record, "cuda_graph_dumps": dumps}])
+
     def test_summary_counts_kinds_edges_and_forks(self) -> None:
         summary = _profile_call.graph_summary(_DOT)
         self.assertEqual(summary["nodes"], 3)
@@ -302,16 +308,7 @@ class TestGraphDump(TestCase):
         )
         self.assertEqual([d["file"] for d in dumps], files)
         self.assertEqual(dumps[0]["kinds"], {"MEMCPY": 1, "KERNEL": 2})
-        text = _profile_call.markdown(
-            [
-                {
-                    "workload": "mlp",
-                    "mode": "cppwrap",
-                    "process": 1,
-                    "cuda_graph_dumps": dumps,
-                }
-            ]
-        )
+        text = self.markdown_of(dumps)
         self.assertIn(
             "- mlp / cppwrap (process 1): CUDA graph 0: 3 nodes (KERNEL 2, MEMCPY 1), "
             "2 edges, 1 forks",
@@ -354,16 +351,7 @@ class TestGraphDump(TestCase):
                 }
             ],
         )
-        text = _profile_call.markdown(
-            [
-                {
-                    "workload": "mlp",
-                    "mode": "cppwrap",
-                    "process": 1,
-                    "cuda_graph_dumps": dumps,
-                }
-            ]
-        )
+        text = self.markdown_of(dumps)
         self.assertIn(
             "- mlp / cppwrap (process 1): CUDA graph 0: no dump "
             "(FileNotFoundError: debug_dump wrote no file)",

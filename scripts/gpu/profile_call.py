@@ -80,8 +80,7 @@ backward; the rest under no_grad):
   the model, making cuBLAS's and cuDNN's handles and workspaces and nothing
   of the model's (its kernels, cuDNN's plans for its shapes), and with
   --eager-first cudnn or cublas only the convolution or only the matmul;
-  with
-  --keep-cached-memory, ours' warm-up before a capture does not give back
+  with --keep-cached-memory, ours' warm-up before a capture does not give back
   what the default pool caches (cuda_graphs._release_cached_memory, which
   keeps the process's peak down), so that its part in that is told apart;
 - with --graph-dump, every CUDA graph a child captures (ours and
@@ -102,8 +101,8 @@ record).
 
     python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
         [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges] \\
-        [--split] [--gpu-gaps] [--eager-first [hold|drop|libs|cudnn|cublas]] [--graph-dump] \\
-        [--keep-cached-memory] [--processes N] [--timing-cpu CPU]
+        [--split] [--gpu-gaps] [--eager-first [hold|drop|libs|cudnn|cublas]] \\
+        [--graph-dump] [--keep-cached-memory] [--processes N] [--timing-cpu CPU]
 
 The first process of each workload and mode compiles cold, the others on
 its Inductor cache.

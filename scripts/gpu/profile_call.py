@@ -418,11 +418,10 @@ def dump_captured_graphs(out: Path, tag: str) -> list[dict[str, Any]]:
             self.debug_dump(str(path))
             if not path.exists():
                 raise FileNotFoundError("debug_dump wrote no file")
-            summary = graph_summary(path.read_text())
+            dump = {"file": path.name, **graph_summary(path.read_text())}
         except Exception as e:  # the capture watched must not fail for it
-            dumps.append({"file": path.name, "error": f"{type(e).__name__}: {e}"})
-            return
-        dumps.append({"file": path.name, **summary})
+            dump = {"file": path.name, "error": f"{type(e).__name__}: {e}"}
+        dumps.append(dump)
 
     graph_class.capture_begin = capture_begin  # type: ignore[method-assign]
     graph_class.capture_end = capture_end  # type: ignore[method-assign]

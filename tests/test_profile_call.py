@@ -210,7 +210,7 @@ class TestChildCommand(TestCase):
     def test_the_library_settings_set_up_only_their_libraries(self) -> None:
         fake_torch = mock.MagicMock()
         ran: dict[str, list[str]] = {}
-        for setting in ("libs", "cudnn", "cublas"):
+        for setting in ("libs", "cudnn", "cublas", "cublas-side"):
             fake_torch.reset_mock()
             _profile_call.warm_libraries(fake_torch, _profile_call.LIBRARIES[setting])
             ran[setting] = [
@@ -218,12 +218,25 @@ class TestChildCommand(TestCase):
                 for name, called in (
                     ("conv2d", fake_torch.nn.functional.conv2d.called),
                     ("mm", fake_torch.mm.called),
+                    ("side stream", fake_torch.cuda.Stream.called),
                 )
                 if called
             ]
+            # The stream made is the one they run on.
+            fake_torch.cuda.stream.assert_called_once_with(
+                fake_torch.cuda.Stream.return_value
+                if fake_torch.cuda.Stream.called
+                else None
+            )
             fake_torch.cuda.synchronize.assert_called_once()
         self.assertEqual(
-            ran, {"libs": ["conv2d", "mm"], "cudnn": ["conv2d"], "cublas": ["mm"]}
+            ran,
+            {
+                "libs": ["conv2d", "mm"],
+                "cudnn": ["conv2d"],
+                "cublas": ["mm"],
+                "cublas-side": ["mm", "side stream"],
+            },
         )
 
 
@@ -279,8 +292,13 @@ class TestGraphDump(TestCase):
         calls: list[str] = []
 
         class FakeGraph:
-            def enable_debug_mode(self) -> None:
-                calls.append("debug")
+            # torch.cuda.CUDAGraph's signature: only a graph made with
+            # keep_graph=True still has its cudaGraph_t when capture_end
+            # returns, and so something for debug_dump to write.
+            def __new__(cls, keep_graph: bool = False) -> FakeGraph:
+                graph = super().__new__(cls)
+                graph.keep_graph = keep_graph
+                return graph
 
             def capture_begin(self, pool: Any = None) -> None:
                 calls.append("begin")
@@ -290,7 +308,11 @@ class TestGraphDump(TestCase):
 
             def debug_dump(self, path: str) -> None:
                 calls.append("dump")
-                Path(path).write_text(_DOT)
+                if self.keep_graph:
+                    Path(path).write_text(_DOT)
+
+            def instantiate(self) -> None:
+                calls.append("instantiate")
 
         with (
             tempfile.TemporaryDirectory() as out,
@@ -302,7 +324,7 @@ class TestGraphDump(TestCase):
                 graph.capture_begin(pool=None)
                 graph.capture_end()
             files = sorted(p.name for p in Path(out).iterdir())
-        self.assertEqual(calls, ["debug", "begin", "end", "dump"] * 2)
+        self.assertEqual(calls, ["begin", "end", "dump", "instantiate"] * 2)
         self.assertEqual(
             files, ["graph_mlp_cppwrap_1_0.dot", "graph_mlp_cppwrap_1_1.dot"]
         )
@@ -321,8 +343,8 @@ class TestGraphDump(TestCase):
         ended: list[int] = []
 
         class SilentGraph:
-            def enable_debug_mode(self) -> None:
-                pass
+            def __new__(cls, keep_graph: bool = False) -> SilentGraph:
+                return super().__new__(cls)
 
             def capture_begin(self, pool: Any = None) -> None:
                 pass
@@ -333,6 +355,9 @@ class TestGraphDump(TestCase):
             def debug_dump(self, path: str) -> None:
                 pass
 
+            def instantiate(self) -> None:
+                ended.append(2)
+
         with (
             tempfile.TemporaryDirectory() as out,
             mock.patch.object(torch.cuda, "CUDAGraph", SilentGraph),
@@ -341,7 +366,7 @@ class TestGraphDump(TestCase):
             graph = SilentGraph()
             graph.capture_begin()
             graph.capture_end()
-        self.assertEqual(ended, [1])
+        self.assertEqual(ended, [1, 2])  # instantiated all the same
         self.assertEqual(
             dumps,
             [

@@ -79,14 +79,16 @@ backward; the rest under no_grad):
   libs, it runs one small convolution and one matmul eagerly instead of
   the model, making cuBLAS's and cuDNN's handles and workspaces and nothing
   of the model's (its kernels, cuDNN's plans for its shapes), and with
-  --eager-first cudnn or cublas only the convolution or only the matmul;
+  --eager-first cudnn or cublas only the convolution or only the matmul,
+  and with --eager-first cublas-side the matmul on a stream of its own;
   with --keep-cached-memory, ours' warm-up before a capture does not give back
   what the default pool caches (cuda_graphs._release_cached_memory, which
   keeps the process's peak down), so that its part in that is told apart;
 - with --graph-dump, every CUDA graph a child captures (ours and
   reduce-overhead's alike: both capture through torch.cuda.graph) is
   written as Graphviz by CUDA's cudaGraphDebugDotPrint
-  (graph_WORKLOAD_MODE_PID_N.dot), and cuda_graph_dumps in the record
+  (graph_WORKLOAD_MODE_PID_N.dot; the graph is made with keep_graph=True,
+  since debug mode alone leaves debug_dump nothing to write), and cuda_graph_dumps in the record
   summarises each: its nodes by kind, edges, the nodes where the graph
   forks into parallel branches, and a digest of the dump with addresses
   and graph ids left out, equal for two graphs of the same nodes, order,
@@ -101,7 +103,7 @@ record).
 
     python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
         [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges] \\
-        [--split] [--gpu-gaps] [--eager-first [hold|drop|libs|cudnn|cublas]] \\
+        [--split] [--gpu-gaps] [--eager-first SETTING] \\
         [--graph-dump] [--keep-cached-memory] [--processes N] [--timing-cpu CPU]
 
 The first process of each workload and mode compiles cold, the others on
@@ -398,18 +400,22 @@ def graph_summary(dot: str) -> dict[str, Any]:
 
 def dump_captured_graphs(out: Path, tag: str) -> list[dict[str, Any]]:
     """From now on in this process, every CUDA graph captured through
-    torch.cuda.graph (ours, cudagraph trees) keeps its graph for
-    debug_dump and is written to out/graph_<tag>_<n>.dot when its capture
-    ends.  The list returned fills with the dumps' summaries."""
+    torch.cuda.CUDAGraph (ours, cudagraph trees) is made with keep_graph=True
+    and written to out/graph_<tag>_<n>.dot by debug_dump when its capture
+    ends, then instantiated, as capture_end does for a graph that keeps
+    nothing.  The list returned fills with the dumps' summaries.
+
+    keep_graph, not enable_debug_mode: in torch 2.11 (and to at least
+    2.13), capture_end marks a graph it instantiated as having no
+    cudaGraph_t even in debug mode, so debug_dump then writes nothing."""
     import torch
 
     dumps: list[dict[str, Any]] = []
     graph_class = torch.cuda.CUDAGraph
-    begin, end = graph_class.capture_begin, graph_class.capture_end
+    new, end = graph_class.__new__, graph_class.capture_end
 
-    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
-        self.enable_debug_mode()
-        begin(self, *args, **kwargs)
+    def keeping_new(cls: type, keep_graph: bool = False) -> Any:
+        return new(cls, keep_graph=True)
 
     def capture_end(self: Any) -> None:
         end(self)
@@ -421,23 +427,32 @@ def dump_captured_graphs(out: Path, tag: str) -> list[dict[str, Any]]:
             dump = {"file": path.name, **graph_summary(path.read_text())}
         except Exception as e:  # the capture watched must not fail for it
             dump = {"file": path.name, "error": f"{type(e).__name__}: {e}"}
+        finally:
+            self.instantiate()
         dumps.append(dump)
 
-    graph_class.capture_begin = capture_begin  # type: ignore[method-assign]
+    graph_class.__new__ = keeping_new  # type: ignore[method-assign]
     graph_class.capture_end = capture_end  # type: ignore[method-assign]
     return dumps
 
 
 # --eager-first's settings that run no part of the model: which libraries
 # warm_libraries sets up.
-LIBRARIES = {"libs": ("cudnn", "cublas"), "cudnn": ("cudnn",), "cublas": ("cublas",)}
+LIBRARIES = {
+    "libs": ("cudnn", "cublas"),
+    "cudnn": ("cudnn",),
+    "cublas": ("cublas",),
+    "cublas-side": ("cublas", "side-stream"),
+}
 
 
 def warm_libraries(torch: Any, libraries: tuple[str, ...]) -> None:
     """What any eager run on the GPU makes and a model's own run adds
     nothing to: cuDNN's (one small convolution) and cuBLAS's (one matmul)
-    handles and workspaces on the current stream."""
-    with torch.no_grad():
+    handles and workspaces, on the current stream or, with "side-stream",
+    on a stream of their own (cuBLAS keeps a workspace per stream)."""
+    stream = torch.cuda.Stream() if "side-stream" in libraries else None
+    with torch.no_grad(), torch.cuda.stream(stream):
         if "cudnn" in libraries:
             x = torch.randn(1, 8, 16, 16, device="cuda")
             torch.nn.functional.conv2d(x, torch.randn(8, 8, 3, 3, device="cuda"))

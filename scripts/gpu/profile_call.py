@@ -412,10 +412,12 @@ def dump_captured_graphs(out: Path, tag: str) -> list[dict[str, Any]]:
 
     dumps: list[dict[str, Any]] = []
     graph_class = torch.cuda.CUDAGraph
-    new, end = graph_class.__new__, graph_class.capture_end
+    # keep_graph is the binding's __init__ argument: the class's __new__
+    # takes it too, but what __init__ is called with decides.
+    init, end = graph_class.__init__, graph_class.capture_end
 
-    def keeping_new(cls: type, keep_graph: bool = False) -> Any:
-        return new(cls, keep_graph=True)
+    def keeping_init(self: Any, keep_graph: bool = False) -> None:
+        init(self, True)
 
     def capture_end(self: Any) -> None:
         end(self)
@@ -427,11 +429,13 @@ def dump_captured_graphs(out: Path, tag: str) -> list[dict[str, Any]]:
             dump = {"file": path.name, **graph_summary(path.read_text())}
         except Exception as e:  # the capture watched must not fail for it
             dump = {"file": path.name, "error": f"{type(e).__name__}: {e}"}
-        finally:
+        try:
             self.instantiate()
+        except Exception as e:  # a kept graph is instantiated by its replay
+            dump["instantiate_error"] = f"{type(e).__name__}: {e}"
         dumps.append(dump)
 
-    graph_class.__new__ = keeping_new  # type: ignore[method-assign]
+    graph_class.__init__ = keeping_init  # type: ignore[method-assign]
     graph_class.capture_end = capture_end  # type: ignore[method-assign]
     return dumps
 

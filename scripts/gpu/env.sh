@@ -7,7 +7,7 @@ PYTHON=${PYTHON:-python3}
 # wheels in .whl/ (see the device README).
 if compgen -G ".whl/*.whl" >/dev/null; then
     $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1

@@ -160,20 +160,28 @@ class TestChildCommand(TestCase):
                 eager_first="drop",
                 graph_dump=True,
                 keep_cached_memory=True,
+                inductor_config={"triton.autotune_pointwise": False},
             )
             _profile_call.run_child("mlp", "cppwrap", Path(out), 10.0, {})
         self.assertEqual(record, {"ok": 1})
         self.assertEqual(
-            seen[0][-5:],
+            seen[0][-7:],
             [
                 "--gpu-gaps",
                 "--eager-first",
                 "drop",
                 "--graph-dump",
                 "--keep-cached-memory",
+                "--inductor-config",
+                "triton.autotune_pointwise=False",
             ],
         )
-        for flag in ("--eager-first", "--graph-dump", "--keep-cached-memory"):
+        for flag in (
+            "--eager-first",
+            "--graph-dump",
+            "--keep-cached-memory",
+            "--inductor-config",
+        ):
             self.assertNotIn(flag, seen[1])
 
     def test_the_child_is_told_what_the_flags_ask(self) -> None:
@@ -181,7 +189,7 @@ class TestChildCommand(TestCase):
             ["--eager-first"],
             ["--eager-first", "drop", "--keep-cached-memory"],
             ["--eager-first", "libs"],
-            ["--eager-first", "cublas"],
+            ["--eager-first", "cublas", "--inductor-config", "max_autotune=True"],
             [],
         )
         seen: list[dict[str, Any]] = []
@@ -206,6 +214,76 @@ class TestChildCommand(TestCase):
             [k["keep_cached_memory"] for k in seen],
             [False, True, False, False, False],
         )
+        self.assertEqual(
+            [k["inductor_config"] for k in seen],
+            [{}, {}, {}, {"max_autotune": True}, {}],
+        )
+
+    def test_a_bad_inductor_config_setting_is_refused_before_any_child(
+        self,
+    ) -> None:
+        self.assertEqual(
+            _profile_call.config_setting("triton.autotune_pointwise=False"),
+            ("triton.autotune_pointwise", False),
+        )
+        for text, says in (
+            ("max_autotune", "is not KEY=VALUE"),
+            ("triton.no_such_entry=1", "has no 'triton.no_such_entry'"),
+            ("max_autotune=yes please", "is not a Python literal"),
+            ("max_autotune=3", "takes a bool"),
+        ):
+            with self.subTest(text=text), mock.patch("sys.stderr") as stderr:
+                with (
+                    tempfile.TemporaryDirectory() as out,
+                    mock.patch.object(
+                        _profile_call.sys,
+                        "argv",
+                        ["profile_call.py", "--out", out, "--inductor-config", text],
+                    ),
+                    mock.patch.object(_profile_call, "run_child") as run_child,
+                    self.assertRaises(SystemExit),
+                ):
+                    _profile_call.main()
+                run_child.assert_not_called()
+                written = "".join(c.args[0] for c in stderr.write.call_args_list)
+                self.assertIn(says, written)
+
+    def test_the_child_applies_the_config_for_its_life(self) -> None:
+        from torch._inductor import config
+
+        applied: list[bool] = []
+
+        class Stop(Exception):
+            pass
+
+        def stop_at_build(*args: Any) -> Any:
+            applied.append(config.triton.autotune_pointwise)
+            raise Stop
+
+        bench = mock.MagicMock()
+        bench.MODES = {"cppwrap": _profile_call.load_bench().MODES["cppwrap"]}
+        bench.WORKLOADS = {"mlp": mock.MagicMock(build=stop_at_build)}
+        # What the child sets before it builds the workload, put back after.
+        restored = {
+            "triton.autotune_pointwise": True,
+            "cpp_wrapper": config.cpp_wrapper,
+            "cpp.enable_kernel_profile": config.cpp.enable_kernel_profile,
+        }
+        with (
+            config.patch(restored),
+            torch.random.fork_rng(),
+            mock.patch.object(_profile_call, "load_bench", return_value=bench),
+            tempfile.TemporaryDirectory() as out,
+            self.assertRaises(Stop),
+        ):
+            _profile_call.child(
+                "mlp",
+                "cppwrap",
+                Path(out),
+                inductor_config={"triton.autotune_pointwise": False},
+            )
+        self.assertEqual(applied, [False])
+        self.assertTrue(config.triton.autotune_pointwise)
 
     def test_the_library_settings_set_up_only_their_libraries(self) -> None:
         fake_torch = mock.MagicMock()

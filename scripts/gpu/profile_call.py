@@ -97,6 +97,12 @@ backward; the rest under no_grad):
   watches (on torch 2.11 a failed dump made ours' capture fall back to
   launching kernel by kernel, and reduce-overhead's run fail).
 
+--inductor-config KEY=VALUE (repeatable) sets an entry of
+torch._inductor.config in every child: triton.autotune_pointwise=False gives
+each pointwise kernel one launch configuration, so that two wrappers' graphs,
+or two cold compiles, have the same (each cold compile otherwise times the
+candidates afresh and draws its own mix: session 31's graph dumps).
+
 torch_cppwrap's generated C++ is written next to the tables; profile.json
 holds the records and profile.md a table of them (both rewritten after each
 record).
@@ -104,7 +110,8 @@ record).
     python scripts/gpu/profile_call.py --out DIR [--workloads mlp,seed] \\
         [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges] \\
         [--split] [--gpu-gaps] [--eager-first SETTING] \\
-        [--graph-dump] [--keep-cached-memory] [--processes N] [--timing-cpu CPU]
+        [--graph-dump] [--keep-cached-memory] [--inductor-config KEY=VALUE] \\
+        [--processes N] [--timing-cpu CPU]
 
 The first process of each workload and mode compiles cold, the others on
 its Inductor cache.
@@ -113,6 +120,7 @@ its Inductor cache.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import contextlib
 import gc
@@ -440,6 +448,31 @@ def dump_captured_graphs(out: Path, tag: str) -> list[dict[str, Any]]:
     return dumps
 
 
+def config_setting(text: str) -> tuple[str, Any]:
+    """--inductor-config's KEY=VALUE: an entry of torch._inductor.config
+    and a Python literal of the entry's type."""
+    from torch._inductor import config
+
+    key, sep, value_text = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    entries = config.get_config_copy()
+    if key not in entries:
+        raise argparse.ArgumentTypeError(f"torch._inductor.config has no {key!r}")
+    try:
+        value = ast.literal_eval(value_text)
+    except (ValueError, SyntaxError):
+        raise argparse.ArgumentTypeError(
+            f"{key}: {value_text!r} is not a Python literal"
+        ) from None
+    default = entries[key]
+    if default is not None and not isinstance(value, type(default)):
+        raise argparse.ArgumentTypeError(
+            f"{key} takes a {type(default).__name__}, not {value_text!r}"
+        )
+    return key, value
+
+
 # --eager-first's settings that run no part of the model: which libraries
 # warm_libraries sets up.
 LIBRARIES = {
@@ -476,6 +509,7 @@ def child(
     eager_first: str | None = None,
     graph_dump: bool = False,
     keep_cached_memory: bool = False,
+    inductor_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     bench = load_bench()
     mode, spec = bench.MODES[mode_name], bench.WORKLOADS[workload]
@@ -494,6 +528,7 @@ def child(
     from torch.profiler import ProfilerActivity, profile
 
     config.cpp_wrapper = mode.cpp_wrapper
+    config.load_config(inductor_config or {})  # --inductor-config's entries
     # Our wrapper's range around each kernel.  The Python wrapper's Triton
     # launcher and ATen's dispatcher open theirs whenever a profiler is on,
     # and the flag would make the Python wrapper add a kernel context around
@@ -541,6 +576,7 @@ def child(
         "eager_first": eager_first,
         "eager_output_held": expected is not None,
         "keep_cached_memory": keep_cached_memory,
+        "inductor_config": inductor_config or {},
     }
     with grad_mode():
         step()
@@ -667,6 +703,7 @@ def run_child(
     eager_first: str | None = None,
     graph_dump: bool = False,
     keep_cached_memory: bool = False,
+    inductor_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One child's record.  It compiles into `cache_dir` (a fresh directory,
     removed afterwards, if None): a later process of the same workload and
@@ -693,6 +730,8 @@ def run_child(
         cmd.append("--graph-dump")
     if keep_cached_memory:
         cmd.append("--keep-cached-memory")
+    for key, value in (inductor_config or {}).items():
+        cmd += ["--inductor-config", f"{key}={value!r}"]
     error: dict[str, Any] = {"workload": workload, "mode": mode}
     try:
         proc = subprocess.run(
@@ -835,6 +874,16 @@ def main() -> int:
         "alone (it gives it back to keep the peak down)",
     )
     parser.add_argument(
+        "--inductor-config",
+        action="append",
+        default=[],
+        type=config_setting,
+        metavar="KEY=VALUE",
+        help="set an Inductor config entry in every child, e.g. "
+        "triton.autotune_pointwise=False (one launch configuration per "
+        "pointwise kernel, the same in every compile); repeatable",
+    )
+    parser.add_argument(
         "--processes",
         type=int,
         default=1,
@@ -851,6 +900,7 @@ def main() -> int:
     )
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "MODE"))
     ns = parser.parse_args()
+    inductor_config = dict(ns.inductor_config)
     ns.out.mkdir(parents=True, exist_ok=True)
     if ns.child:
         workload, mode = ns.child
@@ -864,6 +914,7 @@ def main() -> int:
             eager_first=ns.eager_first,
             graph_dump=ns.graph_dump,
             keep_cached_memory=ns.keep_cached_memory,
+            inductor_config=inductor_config,
         )
         print("RESULT " + json.dumps(record), flush=True)
         return 0
@@ -908,6 +959,7 @@ def main() -> int:
                     eager_first=ns.eager_first,
                     graph_dump=ns.graph_dump,
                     keep_cached_memory=ns.keep_cached_memory,
+                    inductor_config=inductor_config,
                 )
                 record["process"] = process + 1
                 print(json.dumps(record), flush=True)

@@ -88,14 +88,15 @@ backward; the rest under no_grad):
   reduce-overhead's alike: both capture through torch.cuda.graph) is
   written as Graphviz by CUDA's cudaGraphDebugDotPrint
   (graph_WORKLOAD_MODE_PID_N.dot; the graph is made with keep_graph=True,
-  since debug mode alone leaves debug_dump nothing to write), and cuda_graph_dumps in the record
-  summarises each: its nodes by kind, edges, the nodes where the graph
-  forks into parallel branches, and a digest of the dump with addresses
-  and graph ids left out, equal for two graphs of the same nodes, order,
-  launch settings and dependencies.  A dump that fails, or that CUDA does
-  not write, is recorded with its error and never fails the capture it
-  watches (on torch 2.11 a failed dump made ours' capture fall back to
-  launching kernel by kernel, and reduce-overhead's run fail).
+  since debug mode alone leaves debug_dump nothing to write), and
+  cuda_graph_dumps in the record summarises each: its nodes by kind,
+  edges, the nodes where the graph forks into parallel branches, and a
+  digest of the dump with addresses and graph ids left out, equal for two
+  graphs of the same nodes, order, launch settings and dependencies.  A
+  dump that fails, or that CUDA does not write, is recorded with its error
+  and never fails the capture it watches (on torch 2.11 a failed dump made
+  ours' capture fall back to launching kernel by kernel, and
+  reduce-overhead's run fail).
 
 --inductor-config KEY=VALUE (repeatable) sets an entry of
 torch._inductor.config in every child: triton.autotune_pointwise=False gives
@@ -413,9 +414,10 @@ def dump_captured_graphs(out: Path, tag: str) -> list[dict[str, Any]]:
     ends, then instantiated, as capture_end does for a graph that keeps
     nothing.  The list returned fills with the dumps' summaries.
 
-    keep_graph, not enable_debug_mode: in torch 2.11 (and to at least
-    2.13), capture_end marks a graph it instantiated as having no
-    cudaGraph_t even in debug mode, so debug_dump then writes nothing."""
+    keep_graph, not enable_debug_mode: in torch 2.11 (and in upstream's
+    source as of late 2026), capture_end marks a graph it instantiated as
+    having no cudaGraph_t even in debug mode, so debug_dump then writes
+    nothing."""
     import torch
 
     dumps: list[dict[str, Any]] = []
@@ -859,7 +861,8 @@ def main() -> int:
         "as bench.py's worker does; `drop`: let the output go and empty the "
         "allocator's cache before compiling; `libs`: instead of the model, "
         "one small convolution and one matmul (cuDNN's and cuBLAS's "
-        "handles); `cudnn`, `cublas`: only the one",
+        "handles); `cudnn`, `cublas`: only the one; `cublas-side`: the "
+        "matmul on a stream of its own",
     )
     parser.add_argument(
         "--graph-dump",

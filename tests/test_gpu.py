@@ -186,6 +186,34 @@ class TestTritonKernels(CudaWrapperTestCase):
         self.assertEqual(made["static"], 0)
         self.assertGreater(made["triton"], 0)
 
+    def test_tuning_left_unset_is_done_while_compiling(self) -> None:
+        # torch 2.13 reads an unset autotune_at_compile_time as "tune at the
+        # first launch" for cpp_wrapper; ours tunes while compiling (strict:
+        # a fallback would fail the test).
+        with config.patch({"triton.autotune_at_compile_time": None}):
+            self.check(lambda x: x.cos() * 1.4142, (torch.randn(300, device="cuda"),))
+
+    def test_tuning_at_the_first_launch_falls_back(self) -> None:
+        # Which ours does not do: the Python wrapper compiles the graph, and
+        # says why in the perf hints.
+        def fn(x):
+            return x.sin() * 1.7321
+
+        x = torch.randn(300, device="cuda")
+        counters.clear()
+        with (
+            torch_cppwrap.config.patch(strict=False),
+            config.patch(
+                {
+                    "cpp_wrapper": True,
+                    "fx_graph_cache": False,
+                    "triton.autotune_at_compile_time": False,
+                }
+            ),
+        ):
+            self.assertEqual(torch.compile(fn)(x), fn(x))
+        self.assertEqual(counters["inductor"]["cppwrap_python_wrapper_fallback"], 1)
+
     def test_no_python_on_the_call_path(self) -> None:
         # Once compiled, the graph runs although Triton's Python launchers
         # would raise.

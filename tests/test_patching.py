@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import textwrap
+import unittest
+from unittest import mock
 
 import torch
 import torch._inductor.codecache as inductor_codecache
-from torch._inductor import ir
+from torch._inductor import compile_fx, ir
+from torch._inductor import config as inductor_config
 from torch._inductor.codegen import common, cpp
 from torch._inductor.test_case import TestCase, run_tests
+from torch._inductor.virtualized import V
 
 import torch_cppwrap
 from torch_cppwrap import _compat, _patching
@@ -26,6 +31,12 @@ KERNEL_CODEGEN_NAMES = [
     (cpp.CppKernel, "device_assert_async"),
     (cpp.CppKernelProxy, "gen_body"),
 ]
+# The settings of a cpp_wrapper compile, where this torch has them.
+CONFIG_NAMES = (
+    [(compile_fx, "get_cpp_wrapper_config")]
+    if hasattr(compile_fx, "get_cpp_wrapper_config")
+    else []
+)
 
 
 class TestPatching(TestCase):
@@ -71,6 +82,7 @@ class TestPatching(TestCase):
             (GraphLowering, "_compile_to_module"),
             (ir.InplaceBernoulliFallback, "codegen"),
             *KERNEL_CODEGEN_NAMES,
+            *CONFIG_NAMES,
         ]:
             self.assertIsNot(
                 getattr(owner, name), torch_cppwrap.get_original(owner, name)
@@ -122,6 +134,7 @@ class TestPatching(TestCase):
                 (GraphLowering, "_compile_to_module"),
                 (ir.InplaceBernoulliFallback, "codegen"),
                 *KERNEL_CODEGEN_NAMES,
+                *CONFIG_NAMES,
             ]
         }
 
@@ -227,6 +240,67 @@ class TestPatching(TestCase):
         self.assertEqual(out[0], "False")
         self.assertEqual(out[1], "torch._inductor.codecache")
         self.assertIn("nothing was patched", out[2])
+
+
+@unittest.skipUnless(CONFIG_NAMES, "this torch has no cpp_wrapper settings")
+class TestCppWrapperSettings(TestCase):
+    """The settings a cpp_wrapper compile runs under, with Triton or without
+    it: torch 2.13 leaves Triton's tuning to a kernel's first launch unless
+    told otherwise, which our CUDA wrapper does not do."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        torch_cppwrap.patch()
+
+    def settings(
+        self, setting: bool | None, *, triton: bool, aot: bool = False
+    ) -> tuple[dict[str, object], dict[str, object]]:
+        """(ours, upstream's) for `setting` of triton.autotune_at_compile_time."""
+        original = torch_cppwrap.get_original(compile_fx, "get_cpp_wrapper_config")
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(
+                inductor_config.patch({"triton.autotune_at_compile_time": setting})
+            )
+            stack.enter_context(
+                mock.patch("torch.utils._triton.has_triton", return_value=triton)
+            )
+            if hasattr(compile_fx, "has_triton"):  # upstream's own import of it
+                stack.enter_context(
+                    mock.patch.object(compile_fx, "has_triton", return_value=triton)
+                )
+            stack.enter_context(V.set_aot_compilation(aot))
+            return compile_fx.get_cpp_wrapper_config(), original()
+
+    def test_unset_means_tuning_while_compiling_where_triton_is(self) -> None:
+        ours, upstream = self.settings(None, triton=True)
+        self.assertIs(ours["triton.autotune_at_compile_time"], True)
+        if "triton.autotune_cublasLt" in upstream:
+            self.assertIs(ours["triton.autotune_cublasLt"], False)
+        # Nothing else changes.
+        self.assertEqual(
+            {k: v for k, v in ours.items() if "autotune" not in k},
+            {k: v for k, v in upstream.items() if "autotune" not in k},
+        )
+
+    def test_what_the_user_set_is_kept(self) -> None:
+        for setting in (False, True):
+            ours, upstream = self.settings(setting, triton=True)
+            self.assertIs(ours["triton.autotune_at_compile_time"], setting)
+            self.assertEqual(ours, upstream)
+
+    def test_without_triton_or_for_aot_inductor_upstream_decides(self) -> None:
+        for triton, aot in ((False, False), (True, True)):
+            ours, upstream = self.settings(None, triton=triton, aot=aot)
+            self.assertEqual(ours, upstream)
+
+    def test_unpatched_is_upstream(self) -> None:
+        original = torch_cppwrap.get_original(compile_fx, "get_cpp_wrapper_config")
+        self.assertIsNot(compile_fx.get_cpp_wrapper_config, original)
+        torch_cppwrap.unpatch()
+        try:
+            self.assertIs(compile_fx.get_cpp_wrapper_config, original)
+        finally:
+            torch_cppwrap.patch()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ What is replaced:
   ``ROUTED_CODEGEN``, which spell C++ for upstream's handle type;
 * ``GraphLowering._compile_to_module``, so that a graph our wrapper cannot
   generate or build falls back to the Python wrapper (``_inductor/graph.py``);
+* ``compile_fx.get_cpp_wrapper_config``, so that Triton kernels are tuned
+  while the graph compiles unless the user said otherwise (same module);
 * in Inductor's C++ kernel codegen (``codegen/cpp.py``), ``WorkSharing`` and
   the methods ``_kernel_codegen`` names: a kernel that can throw inside an
   OpenMP-parallel region catches there and rethrows after it, for our
@@ -267,11 +269,14 @@ def patch() -> None:
     global _patched, _ORIGINAL_TRY_GET_KERNEL_NAME
     with _lock:
         import torch._inductor.codecache as inductor_codecache
-        from torch._inductor import ir
+        from torch._inductor import compile_fx, ir
         from torch._inductor.graph import GraphLowering
 
         from torch_cppwrap._inductor.codecache import CppWrapperCodeCache
-        from torch_cppwrap._inductor.graph import compile_to_module_with_fallback
+        from torch_cppwrap._inductor.graph import (
+            compile_to_module_with_fallback,
+            tune_at_compile_time,
+        )
 
         _patch_registry()
         upstream_cache = get_original(inductor_codecache, "CppWrapperCodeCache")
@@ -287,6 +292,15 @@ def patch() -> None:
                 get_original(GraphLowering, "_compile_to_module")
             ),
         )
+        # Absent from a torch that has no cpp_wrapper settings of its own.
+        if hasattr(compile_fx, "get_cpp_wrapper_config"):
+            _replace(
+                compile_fx,
+                "get_cpp_wrapper_config",
+                tune_at_compile_time(
+                    get_original(compile_fx, "get_cpp_wrapper_config")
+                ),
+            )
         for class_name, method in ROUTED_CODEGEN.items():
             node_class = getattr(ir, class_name, None)
             if node_class is not None:

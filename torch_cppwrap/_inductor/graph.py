@@ -8,6 +8,7 @@ instead (our tests run strict, so a gap cannot hide behind the fallback).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +64,43 @@ def _reset_for_codegen(graph: Any) -> None:
 # launcher with the C compiler per kernel signature.  Ours reads the binary
 # from the kernel's compile result (cpp_wrapper_gpu.tuned_kernel_from_autotuner).
 OUR_WRAPPER_CONFIG: dict[str, object] = {"triton.store_cubin": False}
+
+
+def tune_at_compile_time(
+    original: Callable[..., dict[str, object]],
+) -> Callable[..., dict[str, object]]:
+    """Wraps ``compile_fx.get_cpp_wrapper_config``, the settings a
+    cpp_wrapper compile runs under.
+
+    Our CUDA wrapper tunes every Triton kernel while the graph compiles
+    (``cpp_wrapper_gpu``).  torch 2.13, unlike 2.11, reads
+    ``triton.autotune_at_compile_time`` left unset as False for a JIT
+    cpp_wrapper compile, for upstream's kernels compiled and tuned at their
+    first launch, which ours does not do: every CUDA graph would fall back to
+    the Python wrapper.  Left unset, it means tuning while compiling again,
+    wherever Triton is (2.11's meaning), settled here before lowering, which
+    reads it too.  A False that the user set is kept: such a graph falls
+    back, with the reason in the perf hints.
+    """
+
+    @functools.wraps(original)
+    def get_cpp_wrapper_config(*args: Any, **kwargs: Any) -> dict[str, object]:
+        from torch._inductor.virtualized import V
+        from torch.utils._triton import has_triton
+
+        settings = original(*args, **kwargs)
+        if (
+            inductor_config.triton.autotune_at_compile_time is None
+            and not V.aot_compilation
+            and has_triton()
+        ):
+            settings["triton.autotune_at_compile_time"] = True
+            if "triton.autotune_cublasLt" in settings:
+                # Upstream pairs the two: cuBLASLt is tuned when Triton is not.
+                settings["triton.autotune_cublasLt"] = False
+        return settings
+
+    return get_cpp_wrapper_config
 
 
 def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:

@@ -187,7 +187,7 @@ class TestTritonKernels(CudaWrapperTestCase):
         self.assertGreater(made["triton"], 0)
 
     def test_tuning_left_unset_is_done_while_compiling(self) -> None:
-        # torch 2.13 reads an unset autotune_at_compile_time as "tune at the
+        # torch 2.12 on reads an unset autotune_at_compile_time as "tune at the
         # first launch" for cpp_wrapper; ours tunes while compiling (strict:
         # a fallback would fail the test).
         with config.patch({"triton.autotune_at_compile_time": None}):

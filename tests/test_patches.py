@@ -380,6 +380,84 @@ class TestRewriteReferences(TestCase):
             self.rewrite("from torch_cppwrap import _patching\n")
 
 
+# get_cpp_wrapper_config's default of autotune_at_compile_time, as torch 2.11,
+# 2.12-2.14 and 2.15 spell it.
+DEFAULTS = {
+    "2.11": "else has_triton()",
+    "2.12": """# Default to True for AOTI. Subject to change in future.
+        else has_triton() and V.aot_compilation""",
+    "2.15": """# Default to True for AOTI when an accelerator or the selected CPU
+        # Triton backend is available. Subject to change in future.
+        else (
+            has_triton(include_cpu=config.cpu_backend == "triton") and V.aot_compilation
+        )""",
+}
+COMPILE_FX = """
+def get_cpp_wrapper_config() -> dict[str, object]:
+    autotune_at_compile_time = (
+        config.triton.autotune_at_compile_time
+        if config.triton.autotune_at_compile_time is not None
+        {default}
+    )
+    return {{"triton.autotune_at_compile_time": autotune_at_compile_time}}
+"""
+
+
+class TestCompileTimeTuning(TestCase):
+    """The JIT wrapper for CUDA tunes Triton kernels while compiling: the
+    series makes get_cpp_wrapper_config default to that for JIT graphs too."""
+
+    def edited(self, default: str) -> str:
+        with tempfile.TemporaryDirectory() as root:
+            path = Path(root, _patches.COMPILE_FX)
+            path.parent.mkdir(parents=True)
+            path.write_text(COMPILE_FX.format(default=default))
+            tree = _patches.Tree(Path(root))
+            _patches._tune_jit_graphs_at_compile_time(tree)
+            return tree.read(_patches.COMPILE_FX)
+
+    def default_of(self, source: str, *, has_triton: bool, aot: bool) -> object:
+        class Triton:
+            autotune_at_compile_time = None
+
+        class Config:
+            triton = Triton
+            cpu_backend = "cpp"
+
+        class Virtualized:
+            aot_compilation = aot
+
+        namespace: dict[str, Any] = {
+            "config": Config,
+            "V": Virtualized,
+            "has_triton": lambda include_cpu=False: has_triton,
+        }
+        exec(source, namespace)
+        settings = namespace["get_cpp_wrapper_config"]()
+        return settings["triton.autotune_at_compile_time"]
+
+    def test_jit_graphs_are_tuned_while_compiling_where_triton_is(self) -> None:
+        for release, default in DEFAULTS.items():
+            with self.subTest(release):
+                source = self.edited(default)
+                self.assertNotIn("Subject to change", source)
+                for aot in (False, True):
+                    self.assertIs(
+                        self.default_of(source, has_triton=True, aot=aot), True
+                    )
+                    self.assertIs(
+                        self.default_of(source, has_triton=False, aot=aot), False
+                    )
+
+    def test_a_release_that_already_does_is_left_alone(self) -> None:
+        default = DEFAULTS["2.11"]
+        self.assertEqual(self.edited(default), COMPILE_FX.format(default=default))
+
+    def test_another_default_stops_the_export(self) -> None:
+        with self.assertRaisesRegex(_patches.PatchError, "unexpected default"):
+            self.edited("else V.aot_compilation")
+
+
 class TestPatchedTorch(TestCase):
     """The seed example and friends under the patched torch, in a subprocess
     that never imports torch_cppwrap."""

@@ -245,7 +245,7 @@ class TestPatching(TestCase):
 @unittest.skipUnless(CONFIG_NAMES, "this torch has no cpp_wrapper settings")
 class TestCppWrapperSettings(TestCase):
     """The settings a cpp_wrapper compile runs under, with Triton or without
-    it: torch 2.13 leaves Triton's tuning to a kernel's first launch unless
+    it: torch 2.12 on leaves Triton's tuning to a kernel's first launch unless
     told otherwise, which our CUDA wrapper does not do."""
 
     def setUp(self) -> None:

@@ -150,6 +150,7 @@ COMMON = "torch/_inductor/codegen/common.py"
 PATCHING = "_patching.py"  # under PACKAGE_ROOT
 GRAPH = "torch/_inductor/graph.py"
 IR = "torch/_inductor/ir.py"
+COMPILE_FX = "torch/_inductor/compile_fx.py"
 
 AUTHOR = ("torch_cppwrap developers", "dev@torch-cppwrap.local")
 # Fixed, so that export is reproducible and `check` can compare bytes.
@@ -625,6 +626,7 @@ def register_jit_wrappers(tree: Tree) -> None:
     _pass_aot_mode_from_graph(tree)
     _accept_both_wrappers_in_ir(tree)
     _route_codegen_to_jit_wrapper(tree)
+    _tune_jit_graphs_at_compile_time(tree)
 
 
 def _register_in_common(tree: Tree) -> None:
@@ -774,6 +776,71 @@ def _pass_aot_mode_from_graph(tree: Tree) -> None:
             f"{GRAPH}:{row + 1}: the edited call no longer fits 88 columns"
         )
     tree.write(GRAPH, "\n".join(lines))
+
+
+def _tune_jit_graphs_at_compile_time(tree: Tree) -> None:
+    """The JIT wrapper for CUDA tunes Triton kernels while the graph compiles:
+    where get_cpp_wrapper_config defaults autotune_at_compile_time to True for
+    AOTInductor only (`has_triton() and V.aot_compilation`, torch 2.12 on),
+    it defaults to `has_triton()` for JIT graphs too.  A release that already
+    does (torch 2.11) is left alone; any other default stops the export."""
+    text = tree.read(COMPILE_FX)
+    lines = text.split("\n")
+    function = _function(
+        ast.parse(text, COMPILE_FX), "get_cpp_wrapper_config", COMPILE_FX
+    )
+    defaults = [
+        node.orelse
+        for node in ast.walk(function)
+        if isinstance(node, ast.IfExp)
+        and "autotune_at_compile_time"
+        in (ast.get_source_segment(text, node.test) or "")
+    ]
+    default = _only(defaults, f"default of autotune_at_compile_time in {COMPILE_FX}")
+
+    def is_has_triton(node: ast.expr) -> bool:
+        return (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "has_triton"
+        )
+
+    if is_has_triton(default):
+        return
+    if not (
+        isinstance(default, ast.BoolOp)
+        and isinstance(default.op, ast.And)
+        and len(default.values) == 2
+        and is_has_triton(default.values[0])
+        and ast.unparse(default.values[1]) == "V.aot_compilation"
+    ):
+        raise PatchError(
+            f"{COMPILE_FX}:{default.lineno}: unexpected default of "
+            f"autotune_at_compile_time: {ast.unparse(default)}"
+        )
+    has_triton = ast.get_source_segment(text, default.values[0])
+    # From the `else` that holds the default to the line it ends on, with the
+    # comment above it (upstream's reason for AOTI only).
+    first = default.lineno - 1
+    while not lines[first].lstrip().startswith("else"):
+        first -= 1
+    while lines[first - 1].lstrip().startswith("#"):
+        first -= 1
+    last = default.end_lineno or default.lineno  # one past, counted from 0
+    if any(line.rstrip().endswith("else (") for line in lines[first : default.lineno]):
+        # `else (` ... `)`: the parenthesis closes on a line of its own.
+        if lines[last].strip() != ")":
+            raise PatchError(f"{COMPILE_FX}:{last + 1}: expected `)` after the default")
+        last += 1
+    indent = re.match(r"\s*", lines[first])
+    assert indent is not None
+    pad = indent.group(0)
+    lines[first:last] = [
+        f"{pad}# Default to True where Triton is: AOTI and the C++ wrapper for JIT",
+        f"{pad}# graphs both tune Triton kernels at compile time.",
+        f"{pad}else {has_triton}",
+    ]
+    tree.write(COMPILE_FX, "\n".join(lines))
 
 
 def _accept_both_wrappers_in_ir(tree: Tree) -> None:
@@ -1076,7 +1143,12 @@ SERIES: tuple[Patch, ...] = (
         writes its call: InplaceBernoulliFallback (upstream spells that call
         for its own C-shim handle type) and _WaitKernel (torch 2.15 refuses
         C++ wrappers the wait of a coalesced collective, wait_tensors, which
-        the JIT wrapper calls through the dispatcher).""",
+        the JIT wrapper calls through the dispatcher).
+
+        CppWrapperGpuJit tunes Triton kernels while the graph compiles, as
+        AOTInductor does: where get_cpp_wrapper_config leaves
+        autotune_at_compile_time unset for JIT graphs (tuning at a kernel's
+        first launch), it sets it wherever Triton is, for both.""",
         edit=register_jit_wrappers,
     ),
 )

@@ -73,14 +73,14 @@ def tune_at_compile_time(
     cpp_wrapper compile runs under.
 
     Our CUDA wrapper tunes every Triton kernel while the graph compiles
-    (``cpp_wrapper_gpu``).  torch 2.13, unlike 2.11, reads
-    ``triton.autotune_at_compile_time`` left unset as False for a JIT
-    cpp_wrapper compile, for upstream's kernels compiled and tuned at their
-    first launch, which ours does not do: every CUDA graph would fall back to
-    the Python wrapper.  Left unset, it means tuning while compiling again,
-    wherever Triton is (2.11's meaning), settled here before lowering, which
-    reads it too.  A False that the user set is kept: such a graph falls
-    back, with the reason in the perf hints.
+    (``cpp_wrapper_gpu``).  From torch 2.12 on (not 2.11), a JIT cpp_wrapper
+    compile reads ``triton.autotune_at_compile_time`` left unset as False,
+    for upstream's kernels compiled and tuned at their first launch, which
+    ours does not do: every CUDA graph would fall back to the Python
+    wrapper.  Left unset, it means tuning while compiling again, wherever
+    Triton is (2.11's meaning), settled here before lowering, which reads it
+    too.  A False that the user set is kept: such a graph falls back, with
+    the reason in the perf hints.
     """
 
     @functools.wraps(original)

@@ -292,15 +292,11 @@ def patch() -> None:
                 get_original(GraphLowering, "_compile_to_module")
             ),
         )
-        # Absent from a torch that has no cpp_wrapper settings of its own.
-        if hasattr(compile_fx, "get_cpp_wrapper_config"):
-            _replace(
-                compile_fx,
-                "get_cpp_wrapper_config",
-                tune_at_compile_time(
-                    get_original(compile_fx, "get_cpp_wrapper_config")
-                ),
-            )
+        _replace(
+            compile_fx,
+            "get_cpp_wrapper_config",
+            tune_at_compile_time(get_original(compile_fx, "get_cpp_wrapper_config")),
+        )
         for class_name, method in ROUTED_CODEGEN.items():
             node_class = getattr(ir, class_name, None)
             if node_class is not None:

@@ -95,9 +95,8 @@ def tune_at_compile_time(
             and has_triton()
         ):
             settings["triton.autotune_at_compile_time"] = True
-            if "triton.autotune_cublasLt" in settings:
-                # Upstream pairs the two: cuBLASLt is tuned when Triton is not.
-                settings["triton.autotune_cublasLt"] = False
+            # Upstream pairs the two: cuBLASLt is tuned when Triton is not.
+            settings["triton.autotune_cublasLt"] = False
         return settings
 
     return get_cpp_wrapper_config

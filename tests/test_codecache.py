@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 from unittest import mock
 
+import torch
 from torch._inductor import config as inductor_config
 from torch._inductor.codecache import get_lock_dir
 from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -20,6 +21,7 @@ from torch._inductor.test_case import TestCase, run_tests
 from torch._inductor.utils import fresh_cache
 
 from tests.common import IDENTITY_SOURCE, seed_cache
+from torch_cppwrap import _compat
 from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codecache import (
     CppWrapperCodeCache,
@@ -83,6 +85,22 @@ class TestCodeCache(TestCase):
             self.assertRaisesRegex(RuntimeError, "changed after this process loaded"),
         ):
             CppWrapperCodeCache.load(IDENTITY_SOURCE % {"tag": "after"})
+
+    def test_runtime_drops_one_streams_cublas_workspaces_where_torch_can(
+        self,
+    ) -> None:
+        # libtorch_cuda has a per-stream drop from torch 2.12 on; the runtime
+        # reaches it through a weak reference, so that it loads without it
+        # (a CPU build, torch 2.11) and does nothing there.
+        runtime = codecache.RuntimeExtension.load()
+        can = torch.version.cuda is not None and _compat.torch_version_tuple() >= (
+            2,
+            12,
+        )
+        self.assertIs(runtime.DROPS_CUBLAS_WORKSPACES, can)
+        # No workspace is kept for this stream handle: nothing to drop, and
+        # nothing run on a device.
+        self.assertIsNone(runtime.drop_cublas_workspaces(0x10))
 
     def test_key_depends_on_source(self) -> None:
         a = CppWrapperCodeCache.load(IDENTITY_SOURCE % {"tag": "a"})

@@ -44,6 +44,16 @@
 
 #include "cppwrap_dtypes.h"
 
+// libtorch_cuda's since torch 2.12 (ATen/cuda/CUDAContextLight.h, which needs
+// CUDA's headers): drops the cuBLAS and cuBLASLt workspaces kept for one
+// stream.  Declared weak, so that this extension loads where it is missing
+// (torch 2.11, CPU builds), and reached through libtorch_python's
+// dependencies on a CUDA build.
+struct CUstream_st;
+namespace at::cuda {
+[[gnu::weak]] void clearCublasWorkspacesForStream(CUstream_st* stream);
+}  // namespace at::cuda
+
 static_assert(sizeof(at::Tensor) == sizeof(void*), "slot layout");
 static_assert(alignof(at::Tensor) == alignof(void*), "slot layout");
 
@@ -869,6 +879,19 @@ PYBIND11_MODULE(_C, m) {
       "Which CUDA graph (GraphReplay) lent `t`'s memory out of its pool; 0 "
       "where none did.");
   m.def("pool_epoch", pool_epoch, "A new capture's epoch (see pool_lend).");
+  const bool drops_workspaces = &at::cuda::clearCublasWorkspacesForStream != nullptr;
+  m.attr("DROPS_CUBLAS_WORKSPACES") = drops_workspaces;
+  m.def(
+      "drop_cublas_workspaces",
+      [drops_workspaces](uintptr_t stream) {
+        if (drops_workspaces) {
+          at::cuda::clearCublasWorkspacesForStream(reinterpret_cast<CUstream_st*>(stream));
+        }
+      },
+      "Drops the cuBLAS(Lt) workspaces that libtorch keeps for `stream` (a "
+      "cudaStream_t) alone, leaving other streams' to the threads that use "
+      "them; does nothing where DROPS_CUBLAS_WORKSPACES is False (torch "
+      "before 2.12, or without CUDA).");
   m.def(
       "pool_lend",
       [](pybind11::handle obj, uintptr_t lender, uintptr_t stream, int64_t epoch) {

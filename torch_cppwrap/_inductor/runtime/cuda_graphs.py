@@ -105,30 +105,41 @@ def _capture_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 @contextlib.contextmanager
-def _cublas_workspace_as_scratch() -> Generator[None, None, None]:
-    """Around a run in the pool: cuBLAS drops its workspaces before and
-    after it.  cuBLAS keeps one per stream, allocated on first use and held
-    for good; one the capture stream's first matmul allocated in the pool
-    would stay allocated there (32 MiB on Hopper) and be read by every graph
-    captured on that stream.  Dropped after each run, it is the run's scratch
-    memory like any other: free in the pool between runs, which graphs share
-    as they share their other scratch.  cudagraph trees do the same."""
-    torch._C._cuda_clearCublasWorkspaces()
+def _cublas_workspace_as_scratch(
+    side: torch.cuda.Stream,
+) -> Generator[None, None, None]:
+    """Around a run in the pool on the capture stream `side`: cuBLAS drops
+    that stream's workspaces before and after it.  cuBLAS keeps one per
+    stream, allocated on first use and held for good; one the capture
+    stream's first matmul allocated in the pool would stay allocated there
+    (32 MiB on Hopper) and be read by every graph captured on that stream.
+    Dropped after each run, it is the run's scratch memory like any other:
+    free in the pool between runs, which graphs share as they share their
+    other scratch.
+
+    Only the capture stream's, which no other thread uses: dropping every
+    stream's (as cudagraph trees do) frees workspaces that other threads'
+    matmuls may have been handed and not yet launched with, and the next
+    emptying of the cache unmaps them under those matmuls (an illegal
+    address, seen on the H200 while a graph warmed up beside another
+    thread's calls).  A torch without the per-stream drop (2.11) keeps the
+    capture stream's workspace allocated in the pool."""
+    drop = _runtime().drop_cublas_workspaces
+    drop(side.cuda_stream)
     try:
         yield
     finally:
-        torch._C._cuda_clearCublasWorkspaces()
+        drop(side.cuda_stream)
 
 
 def _release_cached_memory() -> None:
     """Before a warm-up grows the graphs' pool: gives back to CUDA what the
-    default pool holds cached but unused, cuBLAS's workspaces included (a
-    first eager run leaves one per stream, 32 MiB on Hopper), as
-    torch.cuda.graph does before each capture.  Released only then, at the
-    capture, it would still be reserved while the warm-up fills the pool,
-    and the process's peak would hold both.  Once per graph; blocks in use,
-    and the pools of captured graphs, are not touched."""
-    torch._C._cuda_clearCublasWorkspaces()
+    default pool holds cached but unused, as torch.cuda.graph does before
+    each capture.  Released only then, at the capture, it would still be
+    reserved while the warm-up fills the pool, and the process's peak would
+    hold both.  Once per graph; blocks in use (cuBLAS's workspaces among
+    them, see _cublas_workspace_as_scratch), and the pools of captured
+    graphs, are not touched."""
     torch.cuda.empty_cache()
 
 
@@ -308,7 +319,7 @@ def warm_up(args: list[Any]) -> WarmUp:
             with (
                 torch.cuda.stream(side),
                 torch.cuda.use_mem_pool(pool, device),
-                _cublas_workspace_as_scratch(),
+                _cublas_workspace_as_scratch(side),
             ):
                 outputs = yield list(inputs)
         finally:
@@ -441,7 +452,7 @@ def _capture(
         # cuBLAS's workspace for the capture stream is made while capturing,
         # in the pool, and dropped after: the graph's scratch.
         with (
-            _cublas_workspace_as_scratch(),
+            _cublas_workspace_as_scratch(side),
             torch.cuda.graph(
                 graph,
                 pool=cast(Any, pool.id),  # a pool handle, as graph_pool_handle()'s

@@ -450,7 +450,7 @@ def _capture(
             generator.set_state(rng_state)
         # thread_local: other threads keep running kernel by kernel meanwhile.
         # cuBLAS's workspace for the capture stream is made while capturing,
-        # in the pool, and dropped after: the graph's scratch.
+        # in the pool, and (torch 2.12 on) dropped after: the graph's scratch.
         with (
             _cublas_workspace_as_scratch(side),
             torch.cuda.graph(

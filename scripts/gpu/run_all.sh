@@ -15,13 +15,11 @@
 # "dist-bench" need two GPUs: tests/test_distributed.py on NCCL and
 # benchmarks/bench_tp.py), TEST_TIMEOUT, TEST_WORKERS, PROFILE_TIMEOUT,
 # PROFILE_ARGS, BENCH_TIMEOUT, BENCH_ARGS (passed to the bench, e.g.
-# --workloads seed --quick; the real-model table: --workloads models --modes
-# python,upstream,cppwrap,cppwrap-no-replay,reduce-overhead --jobs 4 --quick
-# --rounds 1; a step costs 19-43 s on one H200 whatever the model (58 s for
-# upstream's cold compile); with --jobs 4 the cold steps of four models run
-# side by side, so four models in four modes (32 steps) fit one 10-minute
-# call: split the models over calls, four a call; rows are written as each
-# step ends),
+# --workloads seed --quick; the real-model table: --modes
+# python,upstream,cppwrap,cppwrap-no-replay,reduce-overhead --jobs 3
+# --warm-jobs 2 --quick, three models a call (282-315 s of bench in session
+# 33, upstream's cold steps 39-48 s, its warm ones 23-30 s; all eight models
+# in three calls back to back); rows are written as each step ends),
 # TIMING_CPU (the bench's --timing-cpu: a CPU, or "auto" for the fastest
 # one by host_cores.py),
 # SETTLE_S (the bench's --settle-s, default 10: each warm process waits up

@@ -93,10 +93,8 @@ class TestCodeCache(TestCase):
         # reaches it through a weak reference, so that it loads without it
         # (a CPU build, torch 2.11) and does nothing there.
         runtime = codecache.RuntimeExtension.load()
-        can = torch.version.cuda is not None and _compat.torch_version_tuple() >= (
-            2,
-            12,
-        )
+        since_2_12 = _compat.torch_version_tuple() >= (2, 12)
+        can = torch.version.cuda is not None and since_2_12
         self.assertIs(runtime.DROPS_CUBLAS_WORKSPACES, can)
         # No workspace is kept for this stream handle: nothing to drop, and
         # nothing run on a device.

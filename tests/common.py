@@ -91,7 +91,11 @@ def seed_cache(device_type: str = "cpu", *, copies: Sequence[str] = ()) -> None:
 
 def _clone(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.detach().clone().requires_grad_(value.requires_grad)
+        clone = value.detach().clone().requires_grad_(value.requires_grad)
+        # torch._dynamo.mark_dynamic's marks, which a clone does not carry.
+        for dim in getattr(value, "_dynamo_dynamic_indices", ()):
+            torch._dynamo.mark_dynamic(clone, dim)
+        return clone
     if isinstance(value, (list, tuple)):
         return type(value)(_clone(v) for v in value)
     return copy.copy(value)

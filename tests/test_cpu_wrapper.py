@@ -201,6 +201,7 @@ class TestOutputsAndInputs(CppWrapperTestCase):
         x = torch.randn(4)
         out, _ = self.compile_and_run(fn, (x,))
         self.assertIs(out[0], x)
+        self.assertEqual(out[1], x * 2)
 
     @torch._dynamo.config.patch(specialize_float=False)
     def test_python_scalar_inputs(self) -> None:

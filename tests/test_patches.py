@@ -100,7 +100,6 @@ AOT_SCRIPT = textwrap.dedent(
     import json
     import os
     import sys
-    import tempfile
     from unittest import mock
 
     import torch
@@ -121,7 +120,7 @@ AOT_SCRIPT = textwrap.dedent(
     ) as upstream:
         path = torch._inductor.aoti_compile_and_package(
             torch.export.export(model, args),
-            package_path=os.path.join(tempfile.mkdtemp(), "model.pt2"),
+            package_path=os.path.join(os.getcwd(), "model.pt2"),  # a temporary dir
         )
     runner = torch._inductor.aoti_load_package(path)
     torch.testing.assert_close(runner(*args), model(*args))

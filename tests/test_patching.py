@@ -157,12 +157,14 @@ class TestPatching(TestCase):
         torch_cppwrap.unpatch()
         try:
             torch._dynamo.reset()
+            x = torch.randn(8)
             with config.patch(cpp_wrapper=True, fx_graph_cache=False):
-                _, (source,) = run_and_get_code(
-                    torch.compile(lambda x: x.sin() + 1), torch.randn(8)
+                result, (source,) = run_and_get_code(
+                    torch.compile(lambda x: x.sin() + 1), x
                 )
         finally:
             torch_cppwrap.patch()
+        self.assertEqual(result, x.sin() + 1)
         self.assertNotIn("torch_cppwrap", source)
         self.assertIn(
             "from torch._inductor.codecache import CppWrapperCodeCache", source

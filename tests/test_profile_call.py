@@ -34,10 +34,11 @@ class TestHostSplit(CppWrapperTestCase):
         with our_wrappers_created() as created:
             CompiledFxGraph.__call__ = recording_call  # type: ignore[method-assign]
             try:
-                compiled(*args)
+                result = compiled(*args)
             finally:
                 CompiledFxGraph.__call__ = original_call  # type: ignore[method-assign]
             self.assertTrue(created, "torch_cppwrap generated no code")
+            self.assertEqual(result, fn(*args))
             split = _profile_call.host_split_us(
                 lambda: compiled(*args), lambda: None, 20
             )

@@ -324,9 +324,10 @@ class TestKernelErrors(CppWrapperTestCase):
         with config.patch(
             {"cpp_wrapper": False, "fx_graph_cache": False, "cpp.threads": 2}
         ):
-            _, (source,) = run_and_get_code(
+            result, (source,) = run_and_get_code(
                 torch.compile(lambda x, idx: x[idx] * 2), x, idx
             )
+        self.assertEqual(result, x[idx] * 2)
         self.assertIn("#pragma omp parallel", source)
         self.assertNotIn("parallel_error", source)
 
@@ -393,7 +394,10 @@ class TestExceptionTypes(CppWrapperTestCase):
             return calls_g(x * 2) * 3
 
         with our_wrappers_created() as created:
-            torch.compile(fn)(-torch.ones(3) * 5)
+            # ((x * 2 + 1) - 1 + 0.5) * 3, worked out: running fn eagerly
+            # here would compile g once more.
+            expected = torch.full((3,), -28.5)
+            self.assertEqual(torch.compile(fn)(-torch.ones(3) * 5), expected)
             self.assertEqual(len(created), 2)
             with self.assertRaisesRegex(
                 IndexError, "^deep_picky: the sum is positive$"

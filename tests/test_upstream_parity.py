@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.utils import counters
 from torch._inductor import config, cpu_vec_isa
 from torch._inductor.exc import CppWrapperCodegenError
-from torch._inductor.test_case import run_tests
+from torch._inductor.test_case import TestCase, run_tests
 
 import torch_cppwrap
 from tests.common import CppWrapperTestCase
@@ -216,10 +216,11 @@ class TestUpstreamParity(CppWrapperTestCase):
     def test_profiler_mark_wrapper_call(self) -> None:
         fn = torch.compile(lambda x: (x + 1).sin())
         x = torch.randn(16)
-        _, (source,) = self.compile_and_run(lambda x: (x + 1).sin(), (x,))
+        result, (source,) = self.compile_and_run(lambda x: (x + 1).sin(), (x,))
+        self.assertEqual(result, (x + 1).sin())
         self.assertIn("_inductor_wrapper_call", source)
         with config.patch(cpp_wrapper=True):
-            fn(x)
+            self.assertEqual(fn(x), (x + 1).sin())
             with torch.profiler.profile() as prof:
                 fn(x)
         names = [event.name for event in prof.events()]
@@ -309,7 +310,11 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
         ):
             torch.compile(self.fn)(torch.randn(32))
 
+
+class TestSuiteSettings(TestCase):
     def test_tests_run_strict(self) -> None:
+        # Outside CppWrapperTestCase, which patches strict on for itself: the
+        # suite's own default (conftest.py sets TORCH_CPPWRAP_STRICT).
         self.assertTrue(torch_cppwrap.config.strict)
 
 

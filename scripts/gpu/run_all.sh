@@ -20,8 +20,8 @@
 # --warm-jobs 2 --quick, three models a call (282-315 s of bench in session
 # 33, upstream's cold steps 39-48 s, its warm ones 23-30 s; all eight models
 # in three calls back to back); rows are written as each step ends),
-# TIMING_CPU (the bench's --timing-cpu: a CPU, or "auto" for the fastest
-# one by host_cores.py),
+# TIMING_CPU (the bench's and profile_call.py's --timing-cpu: a CPU, or
+# "auto" for the fastest one by host_cores.py),
 # SETTLE_S (the bench's --settle-s, default 10: each warm process waits up
 # to that long for the host's other processes to fall quiet before it times),
 # DIST_TEST_TIMEOUT, DIST_BENCH_TIMEOUT,
@@ -53,6 +53,11 @@ print(f"runtime extension and headers ready in {time.perf_counter() - start:.1f}
 
 has_step() { [[ " ${STEPS:-tests bench} " == *" $1 "* ]]; }
 
+# One timing CPU for the profile and the bench alike.
+if [[ "${TIMING_CPU:-}" == auto ]]; then
+    TIMING_CPU=$($PYTHON scripts/gpu/host_cores.py --print-fastest)
+fi
+
 if has_step cores; then
     echo "== the host's speed on each CPU (scripts/gpu/host_cores.py), two processes"
     $PYTHON scripts/gpu/host_cores.py --out "$OUT/host_cores.json"
@@ -69,7 +74,7 @@ fi
 if has_step profile; then
     echo "== where a call's time goes (scripts/gpu/profile_call.py)"
     timeout "${PROFILE_TIMEOUT:-200}" $PYTHON scripts/gpu/profile_call.py --out "$OUT/profile" \
-        ${PROFILE_ARGS:-}
+        ${TIMING_CPU:+--timing-cpu $TIMING_CPU} ${PROFILE_ARGS:-}
     echo "profile exit status: $?"
     # Four files per model and mode: the device tool brings back at most 8
     # files from $OUT, so they travel as one archive (profile.md stays out).
@@ -89,9 +94,6 @@ if has_step bench; then
     echo "== benchmark (python benchmarks/bench.py --device cuda)"
     # One timing round per mode unless BENCH_ARGS asks for more: upstream's
     # warm compile alone takes ~27 s here, and a device call ends at 600 s.
-    if [[ "${TIMING_CPU:-}" == auto ]]; then
-        TIMING_CPU=$($PYTHON scripts/gpu/host_cores.py --print-fastest)
-    fi
     timeout "${BENCH_TIMEOUT:-400}" $PYTHON benchmarks/bench.py --device cuda \
         --out "$OUT/bench" --rounds 1 ${TIMING_CPU:+--timing-cpu $TIMING_CPU} \
         --settle-s "${SETTLE_S:-10}" \

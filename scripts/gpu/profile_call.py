@@ -112,10 +112,13 @@ record).
         [--modes cppwrap,upstream,python] [--timeout 240] [--kernel-ranges] \\
         [--split] [--gpu-gaps] [--eager-first SETTING] \\
         [--graph-dump] [--keep-cached-memory] [--inductor-config KEY=VALUE] \\
-        [--processes N] [--timing-cpu CPU]
+        [--processes N [--cold-each]] [--timing-cpu CPU]
 
 The first process of each workload and mode compiles cold, the others on
-its Inductor cache.
+its Inductor cache; with --cold-each, every process compiles cold in a
+cache of its own, so that each draws its own tuning picks (whose cost per
+kernel gpu_kernels_us gives: the GPU's µs per call of each kernel, by
+name).
 """
 
 from __future__ import annotations
@@ -653,6 +656,12 @@ def child(
     )
     kernels = sum(e.count for e in on_gpu) / PROFILED_CALLS
     record["kernels_per_call"] = kernels
+    # By name, so that two modes' or two compiles' picks can be set side by
+    # side (a graph's kernels are named alike in every mode).
+    record["gpu_kernels_us"] = {
+        e.key: round(getattr(e, "self_device_time_total", 0) / PROFILED_CALLS, 3)
+        for e in sorted(on_gpu, key=lambda e: -getattr(e, "self_device_time_total", 0))
+    }
     record["memcpy_memset_per_call"] = (
         sum(e.count for e in on_gpu if e.key.startswith(("Memcpy", "Memset")))
         / PROFILED_CALLS
@@ -901,6 +910,12 @@ def main() -> int:
         help="pin each child's timing thread to this CPU, as bench.py's "
         "--timing-cpu does (default: unpinned)",
     )
+    parser.add_argument(
+        "--cold-each",
+        action="store_true",
+        help="every process compiles cold in a cache of its own (default: "
+        "the first of a workload and mode cold, the others on its cache)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("WORKLOAD", "MODE"))
     ns = parser.parse_args()
     inductor_config = dict(ns.inductor_config)
@@ -948,7 +963,7 @@ def main() -> int:
             for process, mode in itertools.product(range(ns.processes), modes):
                 progress(f"== {workload} / {mode} (process {process + 1})")
                 # The first process of a workload and mode compiles cold, the
-                # others on its cache.
+                # others on its cache (or each cold in a fresh one).
                 record = run_child(
                     workload,
                     mode,
@@ -957,7 +972,11 @@ def main() -> int:
                     extra_env,
                     ns.kernel_ranges,
                     ns.split,
-                    cache_dir=os.path.join(caches, f"{workload}-{mode}"),
+                    cache_dir=(
+                        None
+                        if ns.cold_each
+                        else os.path.join(caches, f"{workload}-{mode}")
+                    ),
                     gaps=ns.gpu_gaps,
                     eager_first=ns.eager_first,
                     graph_dump=ns.graph_dump,

@@ -13,6 +13,7 @@ from torch._inductor import config
 from torch._inductor.test_case import run_tests
 
 from tests.common import CppWrapperTestCase, our_wrappers_created
+from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
 
 class TestDynamicShapes(CppWrapperTestCase):
@@ -240,6 +241,15 @@ class TestRuntime(CppWrapperTestCase):
                 compiled(x)
         names = [e.name for e in prof.events()]
         self.assertTrue(any("Call CompiledFxGraph" in n for n in names), names[:20])
+
+    @config.patch({"triton.debug_sync_graph": True, "triton.debug_sync_kernel": True})
+    def test_debug_sync_flags(self) -> None:
+        # Inductor writes the device's synchronize() for these, a line of
+        # Python ("pass" on the CPU) that upstream's wrapper puts into its
+        # C++, which then fails to build.  Ours writes its own (strict: a
+        # fallback to the Python wrapper would fail the test).
+        (source,) = self.check(lambda x: (x.sin() + 1).sum(0), (torch.randn(8, 8),))
+        self.assertIn(CppWrapperCpu.debug_sync_line(), source)
 
 
 class TestControlFlow(CppWrapperTestCase):

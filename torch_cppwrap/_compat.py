@@ -112,3 +112,30 @@ def object_input_types() -> tuple[type, ...]:
 
     names = ("TorchBindObject", "OpaqueObjectState")
     return tuple(getattr(ir, name) for name in names if hasattr(ir, name))
+
+
+class _DeviceOpsWithSync:
+    """A graph's device op overrides whose ``synchronize()`` is a line of the
+    C++ wrapper; everything else is theirs."""
+
+    def __init__(self, ops: Any, sync_line: str) -> None:
+        self._ops = ops
+        self._sync_line = sync_line
+
+    def synchronize(self) -> str:
+        return self._sync_line
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ops, name)
+
+
+def route_debug_sync(graph: Any, sync_line: str) -> None:
+    """Makes Inductor's debug synchronisation (``triton.debug_sync_graph``,
+    ``triton.debug_sync_kernel``) write `sync_line` into `graph`'s wrapper.
+    torch 2.15 asks the wrapper for it (``generate_debug_sync``); before it,
+    Inductor writes the device op overrides' ``synchronize()``, a line of
+    Python, into any wrapper."""
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
+
+    if not hasattr(PythonWrapperCodegen, "generate_debug_sync"):
+        graph.device_ops = _DeviceOpsWithSync(graph.device_ops, sync_line)

@@ -130,7 +130,20 @@ class CppWrapperCpu(PythonWrapperCodegen):
             raise NotImplementedError(
                 "torch_cppwrap: graph partitions are not supported by the C++ wrapper"
             )
+        if config.triton.debug_sync_graph or config.triton.debug_sync_kernel:
+            _compat.route_debug_sync(V.graph, cls.debug_sync_line())
         return cls()
+
+    @classmethod
+    def debug_sync_line(cls) -> str:
+        """The C++ that Inductor's debug flags triton.debug_sync_graph and
+        triton.debug_sync_kernel put after the graph and after each kernel,
+        to wait for the device.  A CPU kernel has finished when it returns."""
+        return "// triton.debug_sync_*: nothing to wait for on the CPU"
+
+    def generate_debug_sync(self, buffer: IndentedBuffer) -> None:
+        # torch 2.15's hook for those flags (_compat.route_debug_sync).
+        buffer.writeline(self.debug_sync_line())
 
     # ------------------------------------------------------------------
     # sections

@@ -503,6 +503,13 @@ class CppWrapperGpu(CppWrapperCpu):
     )
     uses_triton_tuning = True
 
+    @classmethod
+    def debug_sync_line(cls) -> str:
+        raise NotImplementedError(
+            "torch_cppwrap: the CUDA C++ wrapper does not synchronise for "
+            "triton.debug_sync_graph or triton.debug_sync_kernel yet"
+        )
+
     # ------------------------------------------------------------------
     # replaying the whole graph as one CUDA graph (cppwrap::cuda::GraphReplay)
     # ------------------------------------------------------------------

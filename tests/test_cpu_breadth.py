@@ -242,14 +242,39 @@ class TestRuntime(CppWrapperTestCase):
         names = [e.name for e in prof.events()]
         self.assertTrue(any("Call CompiledFxGraph" in n for n in names), names[:20])
 
+
+class TestDebugSettings(CppWrapperTestCase):
+    """Inductor's debugging settings that write into the wrapper; our tests
+    run strict, so a fallback to the Python wrapper fails them."""
+
     @config.patch({"triton.debug_sync_graph": True, "triton.debug_sync_kernel": True})
     def test_debug_sync_flags(self) -> None:
         # Inductor writes the device's synchronize() for these, a line of
         # Python ("pass" on the CPU) that upstream's wrapper puts into its
-        # C++, which then fails to build.  Ours writes its own (strict: a
-        # fallback to the Python wrapper would fail the test).
+        # C++, which then fails to build.  Ours writes its own.
         (source,) = self.check(lambda x: (x.sin() + 1).sum(0), (torch.randn(8, 8),))
         self.assertIn(CppWrapperCpu.debug_sync_line(), source)
+
+    @config.patch(nan_asserts=True)
+    def test_nan_asserts_check_inputs_and_outputs(self) -> None:
+        def fn(x, y):
+            return x.log() + y, y * 2
+
+        x, y = torch.rand(8) + 0.5, torch.randn(8)
+        (source,) = self.check(fn, (x, y))
+        self.assertEqual(source.count("aoti_torch_check_inf_and_nan("), 4)
+        compiled = torch.compile(fn)
+        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            with self.assertRaisesRegex(RuntimeError, "input arg1_1, which holds NaN"):
+                compiled(x, torch.full((8,), float("nan")))
+            with self.assertRaisesRegex(RuntimeError, "output 0, which holds NaN"):
+                compiled(-x, y)
+
+    @config.patch(profile_bandwidth=True)
+    def test_profile_bandwidth(self) -> None:
+        # It measures Triton kernels through their Python launchers; a CPU
+        # graph has none, and upstream's C++ wrapper ignores it too.
+        self.check(lambda x: x.cos().sum(0), (torch.randn(8, 8),))
 
 
 class TestControlFlow(CppWrapperTestCase):

@@ -134,6 +134,14 @@ class CppWrapperCpu(PythonWrapperCodegen):
             _compat.route_debug_sync(V.graph, cls.debug_sync_line())
         return cls()
 
+    # config.profile_bandwidth: Inductor's start_graph()/end_graph() gather
+    # what Triton kernels' Python launchers measure; a CPU graph has none.
+    def generate_start_graph(self) -> None:
+        pass
+
+    def generate_end_graph(self) -> None:
+        pass
+
     @classmethod
     def debug_sync_line(cls) -> str:
         """The C++ that Inductor's debug flags triton.debug_sync_graph and
@@ -424,8 +432,18 @@ class CppWrapperCpu(PythonWrapperCodegen):
         pass
 
     def codegen_input_nan_asserts(self) -> None:
-        raise NotImplementedError(
-            "torch_cppwrap: config.nan_asserts is not supported by the C++ wrapper"
+        # config.nan_asserts: each tensor input, and each tensor output
+        # (generate_return), checked for NaN and inf, as the Python wrapper
+        # checks them.
+        for name, buf in self.get_graph_inputs().items():
+            if isinstance(buf, ir.TensorBox) and name in V.graph.graph_input_names:
+                self.prefix.writeline(self._nan_check(name, f"input {name}"))
+
+    def _nan_check(self, tensor: str, what: str) -> str:
+        return self._checked_shim_call(
+            "aoti_torch_check_inf_and_nan",
+            [spell.string_literal(tensor), f"{tensor}.get()"],
+            f"{what}, which holds NaN or inf (config.nan_asserts)",
         )
 
     # ------------------------------------------------------------------
@@ -1306,6 +1324,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self._generate_outputs(output_refs, reads, moves, repeats)
         for part in (reads, moves, repeats):
             self.wrapper_call.splice(part)
+        if config.nan_asserts:
+            for index, kind in enumerate(self.output_kinds):
+                if kind == "tensor":
+                    self.wrapper_call.writeline(
+                        self._nan_check(f"out{index}", f"output {index}")
+                    )
 
     def _generate_outputs(
         self,

@@ -503,6 +503,20 @@ class CppWrapperGpu(CppWrapperCpu):
     )
     uses_triton_tuning = True
 
+    def codegen_input_nan_asserts(self) -> None:
+        # Inductor's Triton codegen then writes upstream's C++ check after
+        # each kernel, which ours does not compile.
+        raise NotImplementedError(
+            "torch_cppwrap: config.nan_asserts is not supported by the CUDA C++ "
+            "wrapper yet"
+        )
+
+    def generate_start_graph(self) -> None:
+        raise NotImplementedError(
+            "torch_cppwrap: config.profile_bandwidth measures Triton kernels "
+            "through their Python launchers, which the CUDA C++ wrapper does not use"
+        )
+
     @classmethod
     def debug_sync_line(cls) -> str:
         raise NotImplementedError(

@@ -220,27 +220,32 @@ class TestTritonKernels(CudaWrapperTestCase):
             self.assertEqual(torch.compile(fn)(x), fn(x))
         self.assertEqual(counters["inductor"]["cppwrap_python_wrapper_fallback"], 1)
 
-    def test_debug_sync_falls_back(self) -> None:
-        # triton.debug_sync_kernel: ours does not synchronise on CUDA yet;
-        # the Python wrapper compiles the graph (upstream's C++ wrapper
-        # fails to build it, pytorch#140220).
-        def fn(x):
-            return x.cos() * 2.2361
-
+    def test_debug_settings_fall_back(self) -> None:
+        # Ours does not do these on CUDA yet: the Python wrapper compiles the
+        # graph (upstream's C++ wrapper fails to build it under
+        # triton.debug_sync_kernel, pytorch#140220).
         x = torch.randn(300, device="cuda")
-        counters.clear()
-        with (
-            torch_cppwrap.config.patch(strict=False),
-            config.patch(
-                {
-                    "cpp_wrapper": True,
-                    "fx_graph_cache": False,
-                    "triton.debug_sync_kernel": True,
-                }
-            ),
+        for n, setting in enumerate(
+            ("triton.debug_sync_kernel", "nan_asserts", "profile_bandwidth")
         ):
-            self.assertEqual(torch.compile(fn)(x), fn(x))
-        self.assertEqual(counters["inductor"]["cppwrap_python_wrapper_fallback"], 1)
+            scale = 2.2361 + n  # a graph of its own for each
+
+            def fn(x, scale=scale):
+                return x.cos() * scale
+
+            counters.clear()
+            torch._dynamo.reset()
+            with (
+                self.subTest(setting),
+                torch_cppwrap.config.patch(strict=False),
+                config.patch(
+                    {"cpp_wrapper": True, "fx_graph_cache": False, setting: True}
+                ),
+            ):
+                self.assertEqual(torch.compile(fn)(x), fn(x))
+                self.assertEqual(
+                    counters["inductor"]["cppwrap_python_wrapper_fallback"], 1
+                )
 
     def test_no_python_on_the_call_path(self) -> None:
         # Once compiled, the graph runs although Triton's Python launchers

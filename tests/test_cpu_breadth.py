@@ -243,9 +243,10 @@ class TestRuntime(CppWrapperTestCase):
         self.assertTrue(any("Call CompiledFxGraph" in n for n in names), names[:20])
 
 
-class TestDebugSettings(CppWrapperTestCase):
-    """Inductor's debugging settings that write into the wrapper; our tests
-    run strict, so a fallback to the Python wrapper fails them."""
+class TestInductorSettings(CppWrapperTestCase):
+    """Inductor settings that change what goes into the wrapper (debugging,
+    memory planning); our tests run strict, so a fallback to the Python
+    wrapper fails them."""
 
     @config.patch({"triton.debug_sync_graph": True, "triton.debug_sync_kernel": True})
     def test_debug_sync_flags(self) -> None:
@@ -269,6 +270,31 @@ class TestDebugSettings(CppWrapperTestCase):
                 compiled(x, torch.full((8,), float("nan")))
             with self.assertRaisesRegex(RuntimeError, "output 0, which holds NaN"):
                 compiled(-x, y)
+
+    @config.patch(memory_planning=True)
+    def test_memory_planning_pools(self) -> None:
+        # Buffers placed in a few pools, at offsets that the dynamic graph
+        # computes from its sizes with align() (64 bytes in the runtime).
+        from torch._inductor.utils import ALIGN_BYTES
+
+        self.assertEqual(ALIGN_BYTES, 64)
+
+        def fn(x, y):
+            a = x @ y
+            b = a.softmax(-1)
+            c = torch.cat([b, a.relu()], 1)
+            return c.sum(0), b.t().contiguous(), c[:, ::2]
+
+        args = (torch.randn(16, 16), torch.randn(16, 16))
+        (source,) = self.check(fn, args, atol=1e-5, rtol=1e-5)
+        self.assertIn("cppwrap::alloc_from_pool(pool", source)
+        (source,) = self.check(fn, args, atol=1e-5, rtol=1e-5, dynamic=True)
+        self.assertIn("align(", source)
+        compiled = torch.compile(fn, dynamic=True)
+        other = (torch.randn(20, 20), torch.randn(20, 20))
+        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
+            for sized in (args, other):  # one graph, two sizes
+                torch.testing.assert_close(compiled(*sized), fn(*sized))
 
     @config.patch(profile_bandwidth=True)
     def test_profile_bandwidth(self) -> None:

@@ -567,10 +567,24 @@ class CppWrapperCpu(PythonWrapperCodegen):
     def make_zero_buffer(self, name: str) -> str:
         return self._checked_shim_call("aoti_torch_zero_", [f"{name}.get()"], name)
 
-    def codegen_alloc_from_pool(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            "torch_cppwrap: config.memory_planning pools are not supported"
-        )
+    def codegen_alloc_from_pool(
+        self,
+        name: str,
+        offset: sympy.Expr,
+        dtype: torch.dtype,
+        shape: Sequence[sympy.Expr],
+        stride: Sequence[sympy.Expr],
+    ) -> tuple[str, list[str]]:
+        # config.memory_planning: a buffer placed in the pool `name`, which
+        # make_allocation allocated.  The expression, and no lines before it.
+        args = [
+            name,
+            cexpr(offset),  # in bytes
+            spell.dtype_code(dtype),
+            self.codegen_shape_tuple(shape),
+            self.codegen_shape_tuple(stride),
+        ]
+        return f"cppwrap::alloc_from_pool({', '.join(args)})", []
 
     def codegen_reinterpret_view(
         self,

@@ -511,6 +511,14 @@ class CppWrapperGpu(CppWrapperCpu):
             "wrapper yet"
         )
 
+    def codegen_alloc_from_pool(self, *args: Any, **kwargs: Any) -> Any:
+        # The CPU wrapper's pools have not run on a GPU, under CUDA-graph
+        # replay least of all.
+        raise NotImplementedError(
+            "torch_cppwrap: config.memory_planning is not supported by the CUDA C++ "
+            "wrapper yet"
+        )
+
     def generate_start_graph(self) -> None:
         raise NotImplementedError(
             "torch_cppwrap: config.profile_bandwidth measures Triton kernels "

@@ -275,6 +275,19 @@ inline Tensor reinterpret_tensor(
       src, static_cast<int64_t>(sizes.size()), sizes.begin(), strides.begin(), offset);
 }
 
+// A buffer that config.memory_planning places in `pool` at `offset_bytes`,
+// of its own dtype, sizes and strides.
+inline Tensor alloc_from_pool(
+    const Tensor& pool, int64_t offset_bytes, int32_t dtype, IntList sizes, IntList strides) {
+  AtenTensorHandle handle = nullptr;
+  check_shim(
+      aoti_torch__alloc_from_pool(
+          pool.get(), offset_bytes, dtype, static_cast<int64_t>(sizes.size()), sizes.begin(),
+          strides.begin(), &handle),
+      "aoti_torch__alloc_from_pool API call failed");
+  return Tensor::adopt(handle);
+}
+
 inline Tensor view_dtype(const Tensor& src, int32_t dtype) {
   Tensor t;
   if (api->view_dtype(src.slot(), dtype, t.slot()) != 0) {

@@ -1,5 +1,5 @@
 // What size and index expressions printed by Inductor's C++ printer call:
-// std:: math and three helpers it spells `c10::`.  The helpers live in
+// std:: math, three helpers it spells `c10::`, and `align`.  The helpers live in
 // c10/util/generic_math.h, which pulls in Half and BFloat16 and costs the
 // wrapper about a second of parsing, so the wrapper gets lean equivalents.
 // Kernels compile in their own translation unit with the real header.
@@ -19,6 +19,13 @@ inline int64_t clamp_index(int64_t index, int64_t size) {
 }
 
 }  // namespace cppwrap
+
+// sympy's align() in config.memory_planning's pool sizes and offsets,
+// printed unqualified: `nbytes` rounded up to a multiple of 64 bytes
+// (torch._inductor.utils.ALIGN_BYTES).
+[[maybe_unused]] inline int64_t align(int64_t nbytes) {
+  return (nbytes + 63) & -64;
+}
 
 namespace c10 {
 

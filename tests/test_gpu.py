@@ -226,7 +226,12 @@ class TestTritonKernels(CudaWrapperTestCase):
         # triton.debug_sync_kernel, pytorch#140220).
         x = torch.randn(300, device="cuda")
         for n, setting in enumerate(
-            ("triton.debug_sync_kernel", "nan_asserts", "profile_bandwidth")
+            (
+                "triton.debug_sync_kernel",
+                "nan_asserts",
+                "profile_bandwidth",
+                "memory_planning",
+            )
         ):
             scale = 2.2361 + n  # a graph of its own for each
 

@@ -89,9 +89,25 @@ def seed_cache(device_type: str = "cpu", *, copies: Sequence[str] = ()) -> None:
                 shutil.copy2(path, destination)
 
 
+def _same_layout_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of `tensor` with its sizes, strides and storage offset, on a
+    storage of its own as large as its storage: a test that passes a slice or
+    a transposed view gives the compiled graph one (clone() would give it a
+    dense tensor at offset 0)."""
+    base = tensor.detach()
+    if base.layout != torch.strided or base.is_quantized:
+        return base.clone()
+    nbytes, itemsize = base.untyped_storage().nbytes(), base.element_size()
+    if nbytes % itemsize:
+        return base.clone()
+    storage = torch.empty(nbytes // itemsize, dtype=base.dtype, device=base.device)
+    copy = storage.as_strided(base.size(), base.stride(), base.storage_offset())
+    return copy.copy_(base)
+
+
 def _clone(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        clone = value.detach().clone().requires_grad_(value.requires_grad)
+        clone = _same_layout_copy(value).requires_grad_(value.requires_grad)
         # torch._dynamo.mark_dynamic's marks, which a clone does not carry.
         for dim in getattr(value, "_dynamo_dynamic_indices", ()):
             torch._dynamo.mark_dynamic(clone, dim)

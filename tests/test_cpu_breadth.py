@@ -288,6 +288,16 @@ class TestInductorSettings(CppWrapperTestCase):
         args = (torch.randn(16, 16), torch.randn(16, 16))
         (source,) = self.check(fn, args, atol=1e-5, rtol=1e-5)
         self.assertIn("cppwrap::alloc_from_pool(pool", source)
+
+        def views_of_pool_buffers(x, w1, w2, w3):
+            # Three buffers of one pool, two at offsets, each read through a
+            # view, as attention's projections are.
+            q, k, v = x @ w1, x @ w2, x @ w3
+            heads = [t.view(16, 2, 8).transpose(0, 1) for t in (q, k, v)]
+            return torch.nn.functional.scaled_dot_product_attention(*heads)
+
+        weights = (torch.randn(16, 16), torch.randn(16, 16), torch.randn(16, 16))
+        self.check(views_of_pool_buffers, (args[0], *weights), atol=1e-4, rtol=1e-4)
         (source,) = self.check(fn, args, atol=1e-5, rtol=1e-5, dynamic=True)
         self.assertIn("align(", source)
         compiled = torch.compile(fn, dynamic=True)

@@ -162,6 +162,17 @@ class TestViewsAndMutation(CppWrapperTestCase):
 
         self.check(fn, (torch.randn(6, 8),))
 
+    def test_inputs_at_a_storage_offset(self) -> None:
+        # A ReinterpretView's offset counts from the buffer's own storage
+        # offset: a slice of a larger tensor read through a transposed view.
+        def fn(x, y):
+            return x.t() @ y, x.t().contiguous().sum(0), x[1:].t()
+
+        base = torch.randn(17 * 16)
+        x = base[16:].view(16, 16)
+        self.assertEqual(x.storage_offset(), 16)
+        self.check(fn, (x, torch.randn(16, 16)), atol=1e-4, rtol=1e-4)
+
     def test_as_strided_output_of_extern(self) -> None:
         def fn(a, b):
             return (a @ b).view(4, 2, 8).transpose(0, 1)

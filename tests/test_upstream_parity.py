@@ -124,7 +124,7 @@ class TestUpstreamParity(CppWrapperTestCase):
 
         (source,) = self.check(fn, (torch.randn(5, 5, 5),))
         body = source[source.index("static PyObject* call_impl") :]
-        view = body.index("= cppwrap::reinterpret_tensor(")
+        view = body.index("= cppwrap::reinterpret_view(")
         self.assertLess(view, body.index("= std::move("))
 
     @unittest.skipUnless(

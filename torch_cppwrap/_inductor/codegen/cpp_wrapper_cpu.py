@@ -513,7 +513,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         if allocation_shape is not None and list(allocation_shape) != list(shape):
             padded = [self.codegen_shape_tuple(allocation_shape), args[1], *args[2:]]
             alloc = (
-                f"cppwrap::reinterpret_tensor(cppwrap::empty_strided({', '.join(padded)}), "
+                f"cppwrap::reinterpret_view(cppwrap::empty_strided({', '.join(padded)}), "
                 f"{args[0]}, {args[1]}, 0)"
             )
         return f"auto {name} = {alloc};"
@@ -613,7 +613,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         expr = name
         if not same_layout:
             expr = (
-                f"cppwrap::reinterpret_tensor({name}, {self.codegen_shape_tuple(size)}, "
+                f"cppwrap::reinterpret_view({name}, {self.codegen_shape_tuple(size)}, "
                 f"{self.codegen_shape_tuple(stride)}, {self.codegen_sizevar(offset)})"
             )
         if dtype is not None and dtype != base_dtype:

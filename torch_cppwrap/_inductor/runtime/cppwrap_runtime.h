@@ -256,23 +256,33 @@ inline Tensor undefined_tensor() {
   return Tensor::adopt(handle);
 }
 
+// An alias of `src`'s storage with the given sizes, strides and storage
+// offset, counted from the start of the storage.
 inline Tensor reinterpret_tensor(
     const Tensor& src,
     int64_t ndim,
     const int64_t* sizes,
     const int64_t* strides,
-    int64_t offset) {
+    int64_t storage_offset) {
   Tensor t;
-  if (api->reinterpret(src.slot(), ndim, sizes, strides, offset, t.slot()) != 0) {
+  if (api->reinterpret(src.slot(), ndim, sizes, strides, storage_offset, t.slot()) != 0) {
     fail_runtime("reinterpret_tensor");
   }
   return t;
 }
 
-inline Tensor reinterpret_tensor(
+// Inductor's reinterpret_tensor (a ReinterpretView of a buffer): `offset`
+// counts from `src`'s own storage offset, which is not 0 for a graph input
+// that is a slice of a larger tensor, a buffer that config.memory_planning
+// placed in a pool, or a view that a fallback op returned.
+inline Tensor reinterpret_view(
     const Tensor& src, IntList sizes, IntList strides, int64_t offset) {
+  int64_t base = 0;
+  check_shim(
+      aoti_torch_get_storage_offset(src.get(), &base),
+      "aoti_torch_get_storage_offset API call failed");
   return reinterpret_tensor(
-      src, static_cast<int64_t>(sizes.size()), sizes.begin(), strides.begin(), offset);
+      src, static_cast<int64_t>(sizes.size()), sizes.begin(), strides.begin(), base + offset);
 }
 
 // A buffer that config.memory_planning places in `pool` at `offset_bytes`,

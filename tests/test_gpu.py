@@ -387,6 +387,22 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             (stats,) = module.cuda_graph_stats()
             self.assertEqual((stats["replays"], stats["missed"]), (4, 0), offset)
 
+    def test_input_at_a_storage_offset_read_through_a_view(self) -> None:
+        # The view's offset counts from the input's own storage offset, in
+        # every call: the warm-up, the capture and the replays.
+        def fn(x, y):
+            return x.t() @ y, x.t().contiguous().sum(0) * 1.2
+
+        y = torch.randn(16, 16, device="cuda")
+        with torch.no_grad():
+            for step in range(5):
+                x = torch.randn(17 * 16, device="cuda")[16:].view(16, 16)
+                if step == 0:
+                    compiled, module, _ = self.compile_module(fn, (x, y))
+                self.assertEqual(compiled(x, y), fn(x, y), atol=1e-3, rtol=1e-3)
+        (stats,) = module.cuda_graph_stats()
+        self.assertEqual(stats["missed"], 0)
+
     def test_replaced_parameters_get_a_graph_of_their_own(self) -> None:
         def fn(x, w1, w2):
             return torch.relu(x @ w1) @ w2 + 1

@@ -579,7 +579,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         # make_allocation allocated.  The expression, and no lines before it.
         args = [
             name,
-            cexpr(offset),  # in bytes
+            self.codegen_sizevar(offset),  # in bytes
             spell.dtype_code(dtype),
             self.codegen_shape_tuple(shape),
             self.codegen_shape_tuple(stride),

@@ -121,3 +121,162 @@ def t5(device: str) -> Built:
 resnet18 = _timm("resnet18", batch=2, size=224)
 vit_tiny = _timm("vit_tiny_patch16_224", batch=2, size=224)
 mobilenetv3 = _timm("mobilenetv3_large_100", batch=2, size=224)
+
+
+# -- tiny families, for model_sweep.py ---------------------------------------
+#
+# One small model per architecture that transformers ships, two layers and
+# 128 wide: what each family puts in a graph (grouped-query attention, rotary
+# or ALiBi positions, mixtures of experts, state-space scans, relative
+# attention, convolutions ahead of an encoder-decoder) compiles in seconds.
+# Each callable carries its model as `.module`, for model_sweep.py's
+# gradient comparison.
+
+_TINY = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "vocab_size": 1000,
+}
+_SEQ2SEQ = {
+    "d_model": 128,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 256,
+    "decoder_ffn_dim": 256,
+    "vocab_size": 1000,
+}
+
+
+def _family(config_name: str, model_name: str, **config: Any) -> Callable[[str], Built]:
+    """A tiny transformers model, called on token ids (logits, or the last
+    hidden state for an encoder)."""
+
+    def build(device: str) -> Built:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        cfg = getattr(transformers, config_name)(**config)
+        model = getattr(transformers, model_name)(cfg).to(device).eval()
+
+        def run(ids: Any) -> Any:
+            out = model(ids)
+            return out.logits if "logits" in out else out.last_hidden_state
+
+        run.module = model  # type: ignore[attr-defined]
+        return run, (_ids(device, 2, 24, 1000),)
+
+    return build
+
+
+def _seq2seq(
+    config_name: str, model_name: str, **config: Any
+) -> Callable[[str], Built]:
+    """A tiny encoder-decoder; Whisper's encoder takes features, not ids."""
+
+    def build(device: str) -> Built:
+        import torch
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        cfg = getattr(transformers, config_name)(**config)
+        model = getattr(transformers, model_name)(cfg).to(device).eval()
+        decoder_ids = _ids(device, 2, 8, 1000)
+        if config_name == "WhisperConfig":
+            inputs: Any = torch.randn(2, cfg.num_mel_bins, 64, device=device)
+            key = "input_features"
+        else:
+            inputs, key = _ids(device, 2, 24, 1000), "input_ids"
+
+        def run(x: Any, decoder_ids: Any) -> Any:
+            return model(**{key: x}, decoder_input_ids=decoder_ids).logits
+
+        run.module = model  # type: ignore[attr-defined]
+        return run, (inputs, decoder_ids)
+
+    return build
+
+
+FAMILIES: dict[str, Callable[[str], Built]] = {
+    "llama": _family("LlamaConfig", "LlamaForCausalLM", num_key_value_heads=2, **_TINY),
+    "mistral": _family(
+        "MistralConfig",
+        "MistralForCausalLM",
+        num_key_value_heads=2,
+        sliding_window=16,
+        **_TINY,
+    ),
+    "qwen2": _family("Qwen2Config", "Qwen2ForCausalLM", num_key_value_heads=2, **_TINY),
+    "gemma2": _family(
+        "Gemma2Config", "Gemma2ForCausalLM", num_key_value_heads=2, head_dim=32, **_TINY
+    ),
+    "phi3": _family(
+        "Phi3Config", "Phi3ForCausalLM", num_key_value_heads=2, pad_token_id=0, **_TINY
+    ),
+    "mixtral": _family(
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        **_TINY,
+    ),
+    "qwen2_moe": _family(
+        "Qwen2MoeConfig",
+        "Qwen2MoeForCausalLM",
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        **_TINY,
+    ),
+    "gpt_neox": _family(
+        "GPTNeoXConfig", "GPTNeoXForCausalLM", rotary_pct=0.25, **_TINY
+    ),
+    "bloom": _family(
+        "BloomConfig",
+        "BloomForCausalLM",
+        hidden_size=128,
+        n_layer=2,
+        n_head=4,
+        vocab_size=1000,
+    ),
+    "opt": _family(
+        "OPTConfig",
+        "OPTForCausalLM",
+        hidden_size=128,
+        ffn_dim=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        vocab_size=1000,
+        word_embed_proj_dim=128,
+    ),
+    "mamba": _family(
+        "MambaConfig",
+        "MambaForCausalLM",
+        hidden_size=64,
+        state_size=8,
+        num_hidden_layers=2,
+        vocab_size=1000,
+    ),
+    "roberta": _family("RobertaConfig", "RobertaModel", **_TINY),
+    "deberta_v2": _family("DebertaV2Config", "DebertaV2Model", **_TINY),
+    "modernbert": _family(
+        "ModernBertConfig", "ModernBertModel", pad_token_id=0, **_TINY
+    ),
+    "clip_text": _family("CLIPTextConfig", "CLIPTextModel", **_TINY),
+    "bart": _seq2seq("BartConfig", "BartForConditionalGeneration", **_SEQ2SEQ),
+    "whisper": _seq2seq(
+        "WhisperConfig",
+        "WhisperForConditionalGeneration",
+        num_mel_bins=16,
+        max_source_positions=32,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        **_SEQ2SEQ,
+    ),
+}

@@ -11,8 +11,10 @@
 #   sweep-backward    the same through backward
 #   upstream-tests    PyTorch's own cpp_wrapper tests in both modes
 #                     (tools/conformance.py; needs .pytorch_tests/ carried)
+#   models            benchmarks/model_sweep.py on CUDA: every transformers
+#                     family and timm model, five settings, against eager
 # Knobs: SUITE_WORKERS, SUITE_TIMEOUT, SWEEP_JOBS, SWEEP_TIMEOUT,
-# UPSTREAM_TIMEOUT, UPSTREAM_ARGS.
+# UPSTREAM_TIMEOUT, UPSTREAM_ARGS, MODELS_TIMEOUT, MODELS_ARGS.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/env.sh
@@ -59,6 +61,14 @@ if has_step upstream-tests; then
         ${UPSTREAM_ARGS:-} > "/tmp/upstream_tests.log" 2>&1
     echo "upstream tests exit status: $?"
     tail -40 /tmp/upstream_tests.log
+fi
+
+if has_step models; then
+    echo "== real models on CUDA, started $(date +%T)"
+    timeout -s INT "${MODELS_TIMEOUT:-400}" $PYTHON benchmarks/model_sweep.py \
+        --device cuda --out "$OUT/models" ${MODELS_ARGS:-} > /tmp/models.log 2>&1
+    echo "model sweep exit status: $?"
+    grep -E "^\[|cases" /tmp/models.log | grep -v ": ok " | tail -30
 fi
 
 for pid in "${pids[@]}"; do wait "$pid"; done

@@ -19,7 +19,12 @@ import torch
 from torch._inductor.test_case import run_tests
 from torch._inductor.utils import run_and_get_code
 
-from tests.common import CppWrapperTestCase, our_wrappers_created, seed_cache
+from tests.common import (
+    CppWrapperTestCase,
+    load_script,
+    our_wrappers_created,
+    seed_cache,
+)
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
 try:
@@ -32,25 +37,16 @@ except ImportError:
 
 HAS_CUDA = torch.cuda.is_available()
 
-# Small enough that each model compiles in seconds on two cores.
-TINY = {
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "vocab_size": 1000,
-}
+# benchmarks/models.py's tiny families (two layers, 128 wide), which
+# benchmarks/model_sweep.py runs over every architecture.
+_models = load_script("benchmarks/models.py")
 
 
 def tiny_llama(device: str) -> Any:
     """Llama with grouped-query attention (4 query heads over 2 key/value
     heads), rotary embeddings and RMSNorm."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        num_key_value_heads=2, bos_token_id=0, eos_token_id=999, pad_token_id=0, **TINY
-    )
-    return LlamaForCausalLM(config).to(device)
+    run, _ = _models.FAMILIES["llama"](device)
+    return run.module
 
 
 class ModelTests(CppWrapperTestCase):
@@ -93,31 +89,10 @@ class ModelTests(CppWrapperTestCase):
             self.assertNotIn("aoti_torch_copy_", source)
 
     def test_whisper_encoder_decoder(self) -> None:
-        from transformers import WhisperConfig, WhisperForConditionalGeneration
-
-        config = WhisperConfig(
-            d_model=128,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=256,
-            decoder_ffn_dim=256,
-            vocab_size=1000,
-            num_mel_bins=16,
-            max_source_positions=32,
-            decoder_start_token_id=0,
-            pad_token_id=0,
-        )
-        model = WhisperForConditionalGeneration(config).to(self.device).eval()
-        features = torch.randn(2, 16, 64, device=self.device)
-        decoder_ids = torch.randint(0, 1000, (2, 8), device=self.device)
-
-        def logits(features: torch.Tensor, decoder_ids: torch.Tensor) -> Any:
-            return model(input_features=features, decoder_input_ids=decoder_ids).logits
-
+        # Convolutions over the audio features, then an encoder-decoder.
+        logits, args = _models.FAMILIES["whisper"](self.device)
         with torch.no_grad():
-            self.check(logits, (features, decoder_ids), atol=1e-4, rtol=1e-4)
+            self.check(logits, args, atol=1e-4, rtol=1e-4)
 
     def test_llama_training_steps(self) -> None:
         # Forward and backward compiled, AdamW between the steps: the second

@@ -28,6 +28,10 @@ from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
 REPO = Path(__file__).resolve().parent.parent
 
+# transformers, for the real-model tests (test_models.py, test_model_sweep.py);
+# benchmarks/models.py imports it when it builds a model.
+HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
 
 def load_script(relative_path: str) -> ModuleType:
     """A script of the repository that is not part of the package

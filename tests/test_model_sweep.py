@@ -10,15 +10,8 @@ from unittest import mock
 
 from torch._inductor.test_case import TestCase, run_tests
 
-from tests.common import load_script, seed_cache
+from tests.common import HAS_TRANSFORMERS, load_script, seed_cache
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
-
-try:
-    import transformers  # noqa: F401
-
-    HAS_TRANSFORMERS = True
-except ImportError:
-    HAS_TRANSFORMERS = False
 
 _sweep = load_script("benchmarks/model_sweep.py")
 

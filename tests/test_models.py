@@ -20,20 +20,13 @@ from torch._inductor.test_case import run_tests
 from torch._inductor.utils import run_and_get_code
 
 from tests.common import (
+    HAS_TRANSFORMERS,
     CppWrapperTestCase,
     load_script,
     our_wrappers_created,
     seed_cache,
 )
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
-
-try:
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    HAS_TRANSFORMERS = True
-except ImportError:
-    HAS_TRANSFORMERS = False
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -151,16 +151,24 @@ _SEQ2SEQ = {
 }
 
 
+def _transformers_model(
+    config_name: str, model_name: str, config: dict[str, Any], device: str
+) -> tuple[Any, Any]:
+    """A transformers model built from its config (random weights, eval
+    mode), and that config."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    cfg = getattr(transformers, config_name)(**config)
+    return getattr(transformers, model_name)(cfg).to(device).eval(), cfg
+
+
 def _family(config_name: str, model_name: str, **config: Any) -> Callable[[str], Built]:
     """A tiny transformers model, called on token ids (logits, or the last
     hidden state for an encoder)."""
 
     def build(device: str) -> Built:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-        cfg = getattr(transformers, config_name)(**config)
-        model = getattr(transformers, model_name)(cfg).to(device).eval()
+        model, _ = _transformers_model(config_name, model_name, config, device)
 
         def run(ids: Any) -> Any:
             out = model(ids)
@@ -179,11 +187,8 @@ def _seq2seq(
 
     def build(device: str) -> Built:
         import torch
-        import transformers
 
-        transformers.logging.set_verbosity_error()
-        cfg = getattr(transformers, config_name)(**config)
-        model = getattr(transformers, model_name)(cfg).to(device).eval()
+        model, cfg = _transformers_model(config_name, model_name, config, device)
         decoder_ids = _ids(device, 2, 8, 1000)
         if config_name == "WhisperConfig":
             inputs: Any = torch.randn(2, cfg.num_mel_bins, 64, device=device)

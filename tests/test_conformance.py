@@ -175,6 +175,40 @@ SYNTHETIC_TESTS = textwrap.dedent(
 )
 
 
+PHASE_TESTS = textwrap.dedent(
+    """\
+    import pytest
+
+
+    @pytest.fixture
+    def broken():
+        raise RuntimeError("setup broke")
+
+
+    def test_passes():
+        pass
+
+
+    def test_fails():
+        assert False, "wrong answer"
+
+
+    def test_skips():
+        pytest.skip("later")
+
+
+    def test_setup_fails(broken):
+        pass
+
+
+    class TestGroup:
+        @pytest.mark.parametrize("p", ["a.b"])
+        def test_param(self, p):
+            pass
+    """
+)
+
+
 class TestRuns(TestCase):
     def options(self, tmp: Path, keyword: str | None = None) -> Any:
         return conformance.Options(
@@ -275,6 +309,41 @@ class TestRuns(TestCase):
             env = conformance.pytest_env("ours", spec, strict, tmp)
             self.assertEqual(env["TORCH_CPPWRAP_STRICT"], "1")
             self.assertEqual(env["CONFORMANCE_IMPORT_CPPWRAP"], "1")
+
+    def test_progress_record_agrees_with_junit(self) -> None:
+        # A run killed at its limit may leave no JUnit file; the plugin's
+        # record must then give the same ids and outcomes, under xdist too.
+        import dataclasses
+
+        with tempfile.TemporaryDirectory() as name:
+            tmp = Path(name)
+            self.setup_dirs(tmp)
+            (tmp / "tests" / "test_phases.py").write_text(PHASE_TESTS)
+            options = dataclasses.replace(self.options(tmp), jobs=2)
+            run = conformance.run_mode("test_phases.py", "upstream", options)
+            progress = tmp / "work" / "test_phases" / "upstream" / "progress.jsonl"
+            recorded = conformance.parse_progress(progress)
+            outcomes = {i: r.outcome for i, r in run.results.items()}
+            self.assertEqual({i: r.outcome for i, r in recorded.items()}, outcomes)
+            self.assertEqual(
+                outcomes,
+                {
+                    "test_phases::test_passes": "passed",
+                    "test_phases::test_fails": "failed",
+                    "test_phases::test_skips": "skipped",
+                    "test_phases::test_setup_fails": "error",
+                    "test_phases.TestGroup::test_param[a.b]": "passed",
+                },
+            )
+            fails = recorded["test_phases::test_fails"]
+            self.assertEqual(fails.message, "AssertionError: wrong answer")
+            self.assertEqual(
+                recorded["test_phases::test_skips"].message, "Skipped: later"
+            )
+            for test_id in recorded:
+                self.assertEqual(
+                    conformance.junit_id(conformance.node_id(test_id)), test_id
+                )
 
     def test_run_time_limit(self) -> None:
         with tempfile.TemporaryDirectory() as name:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -50,6 +51,7 @@ INTERRUPT_GRACE_SECONDS = 60
 IMPORT_CPPWRAP = "CONFORMANCE_IMPORT_CPPWRAP"
 TEST_TIMEOUT = "CONFORMANCE_TEST_TIMEOUT"
 STAND_IN_LOG = "CONFORMANCE_STAND_IN_LOG"
+PROGRESS_LOG = "CONFORMANCE_PROGRESS_LOG"
 
 MODES = ("upstream", "ours")
 OUTCOMES = ("passed", "failed", "error", "skipped")
@@ -181,6 +183,37 @@ def parse_junit(path: Path) -> dict[str, CaseResult]:
     """Outcome of every test case in a pytest ``--junitxml`` file, by test id."""
     root = ET.parse(path).getroot()
     return {r.test_id: r for r in map(_case_result, root.iter("testcase"))}
+
+
+def junit_id(nodeid: str) -> str:
+    """The JUnit test id (``pkg.module.Class::name``) of a pytest node id."""
+    path, *classes, name = nodeid.split("::")
+    module = path.removesuffix(".py").replace("/", ".")
+    return f"{'.'.join([module, *classes])}::{name}"
+
+
+def parse_progress(path: Path) -> dict[str, CaseResult]:
+    """Outcomes from the plugin's record of each test phase, by test id.
+
+    pytest writes its JUnit file only when the session ends, so a run killed
+    at its time limit may leave none; this record is written as tests
+    finish. The outcomes follow the JUnit file's: a failed call fails, a
+    failed setup or teardown is an error, and the first problem is kept.
+    """
+    results: dict[str, CaseResult] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        entry = json.loads(line)
+        test_id = junit_id(entry["nodeid"])
+        outcome = entry["outcome"]
+        if outcome == "failed" and entry["when"] != "call":
+            outcome = "error"
+        previous = results.get(test_id)
+        if previous is None or previous.outcome == "passed":
+            message, details = entry["message"], entry["details"]
+            results[test_id] = CaseResult(
+                test_id, outcome, first_line(message or details), details
+            )
+    return results
 
 
 # -- comparing the two modes ---------------------------------------------------
@@ -373,6 +406,7 @@ def pytest_env(
     env["TORCHINDUCTOR_CACHE_DIR"] = str(run_dir / "cache" / "inductor")
     env["TRITON_CACHE_DIR"] = str(run_dir / "cache" / "triton")
     env[STAND_IN_LOG] = str(run_dir / "stand_ins.txt")
+    env[PROGRESS_LOG] = str(run_dir / "progress.jsonl")
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the test directory
     # Default: what users get (a graph ours cannot handle falls back to the
     # Python wrapper); --strict: what our generator handles on its own.
@@ -416,8 +450,9 @@ def run_mode(
     run_dir.mkdir(parents=True, exist_ok=True)
     junit, log = run_dir / "junit.xml", run_dir / "pytest.log"
     junit.unlink(missing_ok=True)
-    stand_ins = run_dir / "stand_ins.txt"
-    stand_ins.unlink(missing_ok=True)
+    stand_ins, progress = run_dir / "stand_ins.txt", run_dir / "progress.jsonl"
+    for record in (stand_ins, progress):
+        record.unlink(missing_ok=True)
     started = time.monotonic()
     code = run_subprocess(
         pytest_command(name, spec, options, junit, only),
@@ -428,7 +463,10 @@ def run_mode(
     )
     seconds = time.monotonic() - started
     shutil.rmtree(run_dir / "cache", ignore_errors=True)  # caches are big; logs stay
-    results = parse_junit(junit) if junit.exists() else {}
+    if junit.exists():
+        results = parse_junit(junit)
+    else:  # killed before pytest wrote it: what finished still counts
+        results = parse_progress(progress) if progress.exists() else {}
     # Each xdist worker records the modules it stood in; one line per module.
     lines = stand_ins.read_text().splitlines() if stand_ins.exists() else []
     return RunResult(mode, code, seconds, log, results, sorted(set(lines)))

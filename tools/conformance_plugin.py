@@ -9,6 +9,10 @@ loads it before it collects the test files:
   upstream against itself);
 * ``CONFORMANCE_TEST_TIMEOUT=<seconds>`` fails a test that runs longer, so one
   hang costs one test, not the whole run (pytest-timeout is not a dependency);
+* ``CONFORMANCE_PROGRESS_LOG=<path>`` records each test's outcome as it
+  finishes (one JSON line per phase that failed or skipped, and per call),
+  so a run killed at its time limit before pytest writes its JUnit file
+  still counts the tests that ran;
 * on a torch older than the test files, ``conformance_backfill`` defines the
   few test helpers they import and the torch lacks, and each test module the
   cpp_wrapper files only borrow test methods from (``BORROWED``) that cannot
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import json
 import os
 import signal
 import sys
@@ -177,3 +182,29 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+PROGRESS_LOG = "CONFORMANCE_PROGRESS_LOG"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = os.environ.get(PROGRESS_LOG)
+    # Under pytest-xdist the controller sees every worker's reports.
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if report.when != "call" and report.outcome == "passed":
+        return
+    if isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
+        message = report.longrepr[2]
+    else:  # what JUnit's message holds: the exception raised
+        crash = getattr(report.longrepr, "reprcrash", None)
+        message = crash.message if crash is not None else ""
+    entry = {
+        "nodeid": report.nodeid,
+        "when": report.when,
+        "outcome": report.outcome,
+        "message": message,
+        "details": report.longreprtext,
+    }
+    with open(path, "a", encoding="utf-8") as log:
+        log.write(json.dumps(entry) + "\n")

@@ -461,6 +461,62 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         self.assertEqual(len(capture_streams), 2)
         self.assertEqual(capture_streams[0], capture_streams[1])
 
+    def test_a_recapture_leaves_the_other_graphs_replaying(self) -> None:
+        # pytorch/pytorch#193402: destroying a CUDA graph drops its capture
+        # stream's cuBLAS workspaces (torch 2.12 on), and another graph
+        # captured on that stream that still uses one faults on replay.  All
+        # our graphs of a device share one capture stream, and a recapture
+        # destroys the graph it replaces: at one graph per module, new
+        # parameters that come twice in a row are captured again.
+        def first(x, w1, w2):
+            return torch.relu(x @ w1) @ w2 + 1
+
+        def second(x, w):
+            return torch.tanh(x @ w) @ w
+
+        def param(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.Parameter(t, requires_grad=False)
+
+        def cuda(*size: int) -> torch.Tensor:
+            return torch.randn(*size, device="cuda")
+
+        old = [cuda(16, 32), param(cuda(32, 32)), param(cuda(32, 8))]
+        new = [old[0], param(old[1] * 2), param(old[2].clone())]
+        other = [cuda(16, 32), param(cuda(32, 32))]
+        made: list[weakref.ref[torch.cuda.CUDAGraph]] = []
+
+        class CountedGraph(torch.cuda.CUDAGraph):
+            def __init__(self, *a: Any, **kw: Any) -> None:
+                super().__init__(*a, **kw)
+                made.append(weakref.ref(self))
+
+        with (
+            mock.patch.object(torch.cuda, "CUDAGraph", CountedGraph),
+            mock.patch.object(CppWrapperGpu, "max_cuda_graphs", 1),
+            torch.no_grad(),
+        ):
+            run_first, module, _ = self.compile_module(first, old)
+            run_second, other_module, _ = self.compile_module(second, other)
+            # Each: captured, then replayed.
+            for _ in range(2):
+                run_first(*old)
+                run_second(*other)
+            self.assertEqual(len(made), 2)
+            # New parameters: two calls kernel by kernel, a recapture (the
+            # first graph goes), a replay; the other graph replays after it.
+            for _ in range(4):
+                self.assertEqual(run_first(*new), first(*new), atol=1e-3, rtol=1e-3)
+            for _ in range(3):
+                self.assertEqual(
+                    run_second(*other), second(*other), atol=1e-3, rtol=1e-3
+                )
+            torch.cuda.synchronize()
+        self.assertEqual([g() is not None for g in made], [False, True, True])
+        (stats,) = module.cuda_graph_stats()
+        self.assertEqual((stats["state"], stats["recaptures"]), ("ready", 1), stats)
+        (stats,) = other_module.cuda_graph_stats()
+        self.assertEqual((stats["state"], stats["replays"]), ("ready", 4), stats)
+
     def test_capture_runs_the_kernels_in_cpp_at_each_yield(self) -> None:
         # The capture coroutine never calls into the module: C++ runs the
         # kernels on what it yields and sends back their outputs, and throws

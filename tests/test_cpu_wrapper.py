@@ -205,6 +205,22 @@ class TestOutputsAndInputs(CppWrapperTestCase):
         x, y = torch.randn(3, 4), torch.randn(5)
         self.check(fn, (x, y))
 
+    def test_tensors_made_on_the_meta_device(self) -> None:
+        # PyTorch's test_cpu_repro.py test_meta_device: a graph may make
+        # tensors that hold no data; the op that makes them names the device.
+        def fn():
+            x = torch.ops.aten.empty.memory_format(
+                [64, 8], dtype=torch.float16, device="meta", pin_memory=False
+            )
+            return x.sin() + 1
+
+        out, (source,) = self.compile_and_run(fn, ())
+        self.assertEqual(
+            (out.shape, out.dtype, out.device),
+            (torch.Size([64, 8]), torch.float16, torch.device("meta")),
+        )
+        self.assertIn("cppwrap::device::kMeta", source)
+
     def test_output_is_input_identity(self) -> None:
         def fn(x):
             return x, x * 2

@@ -36,6 +36,7 @@ DTYPE_CODE: dict[torch.dtype, str] = {
 DEVICE_TYPE: dict[str, str] = {
     "cpu": "cppwrap::device::kCPU",
     "cuda": "cppwrap::device::kCUDA",
+    "meta": "cppwrap::device::kMeta",
 }
 
 LAYOUT_CODE: dict[torch.layout, str] = {

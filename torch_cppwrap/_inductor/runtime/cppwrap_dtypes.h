@@ -1,4 +1,4 @@
-// c10::ScalarType, Layout and MemoryFormat codes by name, so generated code can
+// c10::ScalarType, DeviceType, Layout and MemoryFormat codes by name, so generated code can
 // spell them without ATen headers.  The runtime extension static_asserts each
 // value against c10 when it is built.
 #pragma once
@@ -29,6 +29,7 @@ constexpr int32_t kFloat8_e4m3fnuz = 26;
 namespace device {
 constexpr int32_t kCPU = 0;
 constexpr int32_t kCUDA = 1;
+constexpr int32_t kMeta = 14;
 }  // namespace device
 
 namespace layout {

@@ -139,12 +139,47 @@ class _StandInFinder(importlib.abc.MetaPathFinder):
         return None
 
 
+PROGRESS_LOG = "CONFORMANCE_PROGRESS_LOG"
+
+
+class _ProgressRecord:
+    """Appends each test phase's outcome to a JSON-lines file as it ends."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call" and report.outcome == "passed":
+            return
+        if isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
+            message = report.longrepr[2]
+        else:  # what JUnit's message holds: the exception raised
+            crash = getattr(report.longrepr, "reprcrash", None)
+            message = crash.message if crash is not None else ""
+        entry = {
+            "nodeid": report.nodeid,
+            "when": report.when,
+            "outcome": report.outcome,
+            "message": message,
+            "details": report.longreprtext,
+        }
+        with open(self.path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(entry) + "\n")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     import conformance_backfill
 
     config.stash[BACKFILLED] = conformance_backfill.install()
     if not any(isinstance(f, _StandInFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _StandInFinder())
+    # Under pytest-xdist the controller sees every worker's reports, and a
+    # worker (it has config.workerinput) records none.  The environment
+    # cannot tell them apart: a run started from inside a worker inherits
+    # PYTEST_XDIST_WORKER.
+    progress = os.environ.get(PROGRESS_LOG)
+    if progress and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_ProgressRecord(progress))
     if _mode() != "ours":
         return
     import torch_cppwrap
@@ -182,29 +217,3 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, Any, Any]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-
-
-PROGRESS_LOG = "CONFORMANCE_PROGRESS_LOG"
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    path = os.environ.get(PROGRESS_LOG)
-    # Under pytest-xdist the controller sees every worker's reports.
-    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    if report.when != "call" and report.outcome == "passed":
-        return
-    if isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
-        message = report.longrepr[2]
-    else:  # what JUnit's message holds: the exception raised
-        crash = getattr(report.longrepr, "reprcrash", None)
-        message = crash.message if crash is not None else ""
-    entry = {
-        "nodeid": report.nodeid,
-        "when": report.when,
-        "outcome": report.outcome,
-        "message": message,
-        "details": report.longreprtext,
-    }
-    with open(path, "a", encoding="utf-8") as log:
-        log.write(json.dumps(entry) + "\n")

@@ -390,8 +390,9 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
     def test_input_at_a_storage_offset_read_through_a_view(self) -> None:
         # The view's offset counts from the input's own storage offset, in
         # every call: the warm-up, the capture and the replays.
+        # Two matmuls and a reduction: enough launches to be replayed.
         def fn(x, y):
-            return x.t() @ y, x.t().contiguous().sum(0) * 1.2
+            return (x.t() @ y) @ y, x.t().contiguous().sum(0) * 1.2
 
         y = torch.randn(16, 16, device="cuda")
         with torch.no_grad():
@@ -401,7 +402,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
                     compiled, module, _ = self.compile_module(fn, (x, y))
                 self.assertEqual(compiled(x, y), fn(x, y), atol=1e-3, rtol=1e-3)
         (stats,) = module.cuda_graph_stats()
-        self.assertEqual(stats["missed"], 0)
+        self.assertEqual((stats["replays"], stats["missed"]), (3, 0), stats)
 
     def test_replaced_parameters_get_a_graph_of_their_own(self) -> None:
         def fn(x, w1, w2):
@@ -495,12 +496,16 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             mock.patch.object(CppWrapperGpu, "max_cuda_graphs", 1),
             torch.no_grad(),
         ):
+            # Each compiled, captured and replayed before the other is called.
             run_first, module, _ = self.compile_module(first, old)
-            run_second, other_module, _ = self.compile_module(second, other)
-            # Each: captured, then replayed.
-            for _ in range(2):
+            for _ in range(3):
                 run_first(*old)
+            run_second, other_module, _ = self.compile_module(second, other)
+            for _ in range(3):
                 run_second(*other)
+            for mod in module, other_module:
+                (stats,) = mod.cuda_graph_stats()
+                self.assertEqual(stats["state"], "ready", stats)
             self.assertEqual(len(made), 2)
             # New parameters: two calls kernel by kernel, a recapture (the
             # first graph goes), a replay; the other graph replays after it.
@@ -515,7 +520,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         (stats,) = module.cuda_graph_stats()
         self.assertEqual((stats["state"], stats["recaptures"]), ("ready", 1), stats)
         (stats,) = other_module.cuda_graph_stats()
-        self.assertEqual((stats["state"], stats["replays"]), ("ready", 4), stats)
+        self.assertEqual((stats["state"], stats["replays"]), ("ready", 5), stats)
 
     def test_capture_runs_the_kernels_in_cpp_at_each_yield(self) -> None:
         # The capture coroutine never calls into the module: C++ runs the

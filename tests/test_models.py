@@ -90,20 +90,34 @@ class ModelTests(CppWrapperTestCase):
 
     def test_llama_training_steps(self) -> None:
         # Forward and backward compiled, AdamW between the steps: the second
-        # and third steps run the graphs on parameters the optimizer changed.
+        # and third steps run the graphs on parameters the optimizer changed,
+        # so their losses match eager's only if the graphs read the new ones.
         eager = tiny_llama(self.device).train()
         compiled_model = copy.deepcopy(eager)
         eager_opt = torch.optim.AdamW(eager.parameters(), lr=1e-3)
         compiled_opt = torch.optim.AdamW(compiled_model.parameters(), lr=1e-3)
         compiled = torch.compile(compiled_model)
         ids = torch.randint(1, 999, (2, 16), device=self.device)
+        losses: dict[str, list[float]] = {"eager": [], "compiled": []}
         with our_wrappers_created() as created:
             for _ in range(3):
-                for model, opt in ((eager, eager_opt), (compiled, compiled_opt)):
-                    model(ids, labels=ids).loss.backward()
+                for name, model, opt in (
+                    ("eager", eager, eager_opt),
+                    ("compiled", compiled, compiled_opt),
+                ):
+                    loss = model(ids, labels=ids).loss
+                    loss.backward()
+                    losses[name].append(loss.item())
                     opt.step()
                     opt.zero_grad()
         self.assert_ours_made_every_graph(created, at_least=2)  # forward, backward
+        self.assertEqual(losses["compiled"], losses["eager"], atol=1e-4, rtol=1e-4)
+        if self.device == "cuda":
+            # On CUDA the embedding's gradient is summed with atomic adds, in
+            # another order than eager's, and AdamW's first steps move each
+            # weight by lr times the sign of its gradient: a gradient near
+            # zero may take the other sign.  The losses above are the check.
+            return
         for (name, p), q in zip(
             eager.named_parameters(), compiled_model.parameters(), strict=True
         ):

@@ -265,6 +265,19 @@ class TestOutputsAndInputs(CppWrapperTestCase):
         )
         self.check(fn, args)
 
+    def test_unsigned_dtypes_beyond_uint8(self) -> None:
+        # PyTorch's test_cpu_repro.py test_uint32_pointwise_vec and its kin.
+        def fn(u32, u64):
+            return u32 * u32, u32.sum(dim=1), u64 * u64, u64.sum(dim=0)
+
+        args = (
+            torch.randint(0, 100, (8, 8), dtype=torch.uint32),
+            torch.randint(0, 100, (8, 8), dtype=torch.uint64),
+        )
+        (source,) = self.check(fn, args)
+        self.assertIn("cppwrap::dtype::kUInt32", source)
+        self.assertIn("cppwrap::dtype::kUInt64", source)
+
     def test_buffer_reuse(self) -> None:
         def fn(a, b):
             x = a @ b

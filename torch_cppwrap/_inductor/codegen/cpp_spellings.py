@@ -31,6 +31,9 @@ DTYPE_CODE: dict[torch.dtype, str] = {
     torch.float8_e4m3fn: "cppwrap::dtype::kFloat8_e4m3fn",
     torch.float8_e5m2fnuz: "cppwrap::dtype::kFloat8_e5m2fnuz",
     torch.float8_e4m3fnuz: "cppwrap::dtype::kFloat8_e4m3fnuz",
+    torch.uint16: "cppwrap::dtype::kUInt16",
+    torch.uint32: "cppwrap::dtype::kUInt32",
+    torch.uint64: "cppwrap::dtype::kUInt64",
 }
 
 DEVICE_TYPE: dict[str, str] = {

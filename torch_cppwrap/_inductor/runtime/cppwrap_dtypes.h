@@ -24,6 +24,9 @@ constexpr int32_t kFloat8_e5m2 = 23;
 constexpr int32_t kFloat8_e4m3fn = 24;
 constexpr int32_t kFloat8_e5m2fnuz = 25;
 constexpr int32_t kFloat8_e4m3fnuz = 26;
+constexpr int32_t kUInt16 = 27;
+constexpr int32_t kUInt32 = 28;
+constexpr int32_t kUInt64 = 29;
 }  // namespace dtype
 
 namespace device {

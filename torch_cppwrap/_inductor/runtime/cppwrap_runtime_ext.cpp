@@ -76,6 +76,9 @@ CPPWRAP_CHECK_DTYPE(kFloat8_e5m2, Float8_e5m2)
 CPPWRAP_CHECK_DTYPE(kFloat8_e4m3fn, Float8_e4m3fn)
 CPPWRAP_CHECK_DTYPE(kFloat8_e5m2fnuz, Float8_e5m2fnuz)
 CPPWRAP_CHECK_DTYPE(kFloat8_e4m3fnuz, Float8_e4m3fnuz)
+CPPWRAP_CHECK_DTYPE(kUInt16, UInt16)
+CPPWRAP_CHECK_DTYPE(kUInt32, UInt32)
+CPPWRAP_CHECK_DTYPE(kUInt64, UInt64)
 #undef CPPWRAP_CHECK_DTYPE
 static_assert(cppwrap::device::kCPU == static_cast<int32_t>(c10::DeviceType::CPU));
 static_assert(cppwrap::device::kCUDA == static_cast<int32_t>(c10::DeviceType::CUDA));

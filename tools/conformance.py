@@ -52,6 +52,8 @@ IMPORT_CPPWRAP = "CONFORMANCE_IMPORT_CPPWRAP"
 TEST_TIMEOUT = "CONFORMANCE_TEST_TIMEOUT"
 STAND_IN_LOG = "CONFORMANCE_STAND_IN_LOG"
 PROGRESS_LOG = "CONFORMANCE_PROGRESS_LOG"
+# What the plugin writes in each run directory.
+STAND_IN_FILE, PROGRESS_FILE = "stand_ins.txt", "progress.jsonl"
 
 MODES = ("upstream", "ours")
 OUTCOMES = ("passed", "failed", "error", "skipped")
@@ -405,8 +407,8 @@ def pytest_env(
     env[TEST_TIMEOUT] = str(options.test_timeout)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(run_dir / "cache" / "inductor")
     env["TRITON_CACHE_DIR"] = str(run_dir / "cache" / "triton")
-    env[STAND_IN_LOG] = str(run_dir / "stand_ins.txt")
-    env[PROGRESS_LOG] = str(run_dir / "progress.jsonl")
+    env[STAND_IN_LOG] = str(run_dir / STAND_IN_FILE)
+    env[PROGRESS_LOG] = str(run_dir / PROGRESS_FILE)
     env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ in the test directory
     # Default: what users get (a graph ours cannot handle falls back to the
     # Python wrapper); --strict: what our generator handles on its own.
@@ -450,7 +452,7 @@ def run_mode(
     run_dir.mkdir(parents=True, exist_ok=True)
     junit, log = run_dir / "junit.xml", run_dir / "pytest.log"
     junit.unlink(missing_ok=True)
-    stand_ins, progress = run_dir / "stand_ins.txt", run_dir / "progress.jsonl"
+    stand_ins, progress = run_dir / STAND_IN_FILE, run_dir / PROGRESS_FILE
     for record in (stand_ins, progress):
         record.unlink(missing_ok=True)
     started = time.monotonic()

@@ -1,6 +1,6 @@
-// c10::ScalarType, DeviceType, Layout and MemoryFormat codes by name, so generated code can
-// spell them without ATen headers.  The runtime extension static_asserts each
-// value against c10 when it is built.
+// c10::ScalarType, DeviceType, Layout and MemoryFormat codes by name, so
+// generated code can spell them without ATen headers.  The runtime extension
+// static_asserts each value against c10 when it is built.
 #pragma once
 
 #include <stdint.h>

@@ -80,9 +80,12 @@ CPPWRAP_CHECK_DTYPE(kUInt16, UInt16)
 CPPWRAP_CHECK_DTYPE(kUInt32, UInt32)
 CPPWRAP_CHECK_DTYPE(kUInt64, UInt64)
 #undef CPPWRAP_CHECK_DTYPE
-static_assert(cppwrap::device::kCPU == static_cast<int32_t>(c10::DeviceType::CPU));
-static_assert(cppwrap::device::kCUDA == static_cast<int32_t>(c10::DeviceType::CUDA));
-static_assert(cppwrap::device::kMeta == static_cast<int32_t>(c10::DeviceType::Meta));
+#define CPPWRAP_CHECK_DEVICE(name, type) \
+  static_assert(cppwrap::device::name == static_cast<int32_t>(c10::DeviceType::type));
+CPPWRAP_CHECK_DEVICE(kCPU, CPU)
+CPPWRAP_CHECK_DEVICE(kCUDA, CUDA)
+CPPWRAP_CHECK_DEVICE(kMeta, Meta)
+#undef CPPWRAP_CHECK_DEVICE
 
 namespace {
 

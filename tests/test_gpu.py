@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 from torch._inductor import config
 from torch._inductor.codecache import PyCodeCache
+from torch._inductor.graph import GraphLowering
 from torch._inductor.test_case import TestCase, run_tests
-from torch._inductor.utils import run_and_get_code
 
 import torch_cppwrap
 from tests.common import CppWrapperTestCase, our_wrappers_created, seed_cache
@@ -280,16 +280,24 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
     and replayed as one CUDA graph from the third (cppwrap::cuda::GraphReplay)."""
 
     def compile_module(
-        self, fn: Callable[..., Any], args: Sequence[Any]
+        self, fn: Callable[..., Any], args: Sequence[Any], *, reset: bool = True
     ) -> tuple[Callable[..., Any], Any, str]:
         """Compiles `fn` and makes its first call; returns the compiled
-        function, its wrapper module and the module's source."""
-        from torch._inductor.codecache import PyCodeCache
-
+        function, its wrapper module and the module's source.  reset=False
+        keeps what Dynamo compiled before (run_and_get_code would reset it,
+        and a function compiled earlier would then be compiled again, on
+        its next call, outside cpp_wrapper)."""
         compiled = torch.compile(fn)
         before = len(PyCodeCache.modules)
-        with config.patch(cpp_wrapper=True, fx_graph_cache=False):
-            _, (source,) = run_and_get_code(compiled, *args)
+        sources: list[str] = []
+        if reset:
+            torch._dynamo.reset()
+        with (
+            config.patch(cpp_wrapper=True, fx_graph_cache=False),
+            mock.patch.object(GraphLowering, "save_output_code", sources.append),
+        ):
+            compiled(*args)
+        (source,) = sources
         self.assertIn("from torch_cppwrap._inductor.codecache import", source)
         (module,) = [m for m in PyCodeCache.modules[before:] if hasattr(m, "call")]
         return compiled, module._module, source
@@ -390,7 +398,8 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
     def test_input_at_a_storage_offset_read_through_a_view(self) -> None:
         # The view's offset counts from the input's own storage offset, in
         # every call: the warm-up, the capture and the replays.
-        # Two matmuls and a reduction: enough launches to be replayed.
+        # Two matmuls and a reduction: enough launches to be replayed.  The
+        # first call runs kernel by kernel; the second captures and replays.
         def fn(x, y):
             return (x.t() @ y) @ y, x.t().contiguous().sum(0) * 1.2
 
@@ -402,7 +411,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
                     compiled, module, _ = self.compile_module(fn, (x, y))
                 self.assertEqual(compiled(x, y), fn(x, y), atol=1e-3, rtol=1e-3)
         (stats,) = module.cuda_graph_stats()
-        self.assertEqual((stats["replays"], stats["missed"]), (3, 0), stats)
+        self.assertEqual((stats["replays"], stats["missed"]), (4, 0), stats)
 
     def test_replaced_parameters_get_a_graph_of_their_own(self) -> None:
         def fn(x, w1, w2):
@@ -500,7 +509,9 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
             run_first, module, _ = self.compile_module(first, old)
             for _ in range(3):
                 run_first(*old)
-            run_second, other_module, _ = self.compile_module(second, other)
+            run_second, other_module, _ = self.compile_module(
+                second, other, reset=False
+            )
             for _ in range(3):
                 run_second(*other)
             for mod in module, other_module:

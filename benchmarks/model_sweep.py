@@ -186,8 +186,14 @@ def run_case(
 
 
 def sweep(
-    chosen: dict[str, Callable[[str], models.Built]], settings: list[str], device: str
+    chosen: dict[str, Callable[[str], models.Built]],
+    settings: list[str],
+    device: str,
+    done: Callable[[list[Case]], None],
 ) -> list[Case]:
+    """Runs every case; `done` gets the cases so far after each, so that a run
+    cut short (SIGINT: the device script's time limit) keeps what it did, and
+    the case it was cut in is a row that says where."""
     import torch_cppwrap
 
     cases: list[Case] = []
@@ -198,10 +204,18 @@ def sweep(
                 started = time.perf_counter()
                 try:
                     case = run_case(name, build, setting, device)
+                except KeyboardInterrupt:
+                    where = traceback.format_exc(limit=-3).replace("\n", " ")
+                    cases.append(
+                        Case(name, setting, "error", message=f"cut: {where[-300:]}")
+                    )
+                    done(cases)
+                    raise
                 except Exception as e:  # one case's failure is its row
                     last = traceback.format_exception_only(e)[-1].strip()
                     case = Case(name, setting, "error", message=last[:300])
                 cases.append(case)
+                done(cases)
                 bench.progress(
                     f"[{len(cases)}/{total}] {name} / {setting}: {case.status}"
                     f" ({case.graphs} graphs, max error {case.max_err:.2g},"
@@ -254,14 +268,16 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch_cppwrap  # noqa: F401  (patches Inductor)
 
-    cases = sweep(chosen, settings, ns.device)
     ns.out.mkdir(parents=True, exist_ok=True)
-    text = report(cases, ns.device)
-    (ns.out / "sweep.md").write_text(text)
-    (ns.out / "sweep.json").write_text(
-        json.dumps([dataclasses.asdict(c) for c in cases], indent=1)
-    )
-    print(text)
+
+    def write(cases: list[Case]) -> None:
+        (ns.out / "sweep.md").write_text(report(cases, ns.device))
+        (ns.out / "sweep.json").write_text(
+            json.dumps([dataclasses.asdict(c) for c in cases], indent=1)
+        )
+
+    cases = sweep(chosen, settings, ns.device, write)
+    print(report(cases, ns.device))
     return 0 if all(c.status == "ok" for c in cases) else 1
 
 

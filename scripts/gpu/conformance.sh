@@ -48,7 +48,9 @@ if has_step suite; then
     echo "== the whole suite, started $(date +%T)"
     # -v: a run cut by its time limit prints no summary, and -q would then
     # leave its failures unnamed (session 10's first suite run on the H200).
-    timeout "${SUITE_TIMEOUT:-420}" $PYTHON -X faulthandler -m pytest tests -v -rfEs \
+    # SIGINT, not SIGTERM: a cut pytest still prints its failures' tracebacks
+    # and the summary (session 40's H100 run lost both to a SIGTERM).
+    timeout -s INT -k 30 "${SUITE_TIMEOUT:-420}" $PYTHON -X faulthandler -m pytest tests -v -rfEs \
         --tb=short -p no:cacheprovider -n "${SUITE_WORKERS:-6}" > "$OUT/suite.log" 2>&1
     echo "suite exit status: $?"
     grep -E "(FAILED|ERROR) tests/|passed|failed" "$OUT/suite.log" | tail -30
@@ -68,7 +70,8 @@ if has_step models; then
     timeout -s INT "${MODELS_TIMEOUT:-400}" $PYTHON benchmarks/model_sweep.py \
         --device cuda --out "$OUT/models" ${MODELS_ARGS:-} > /tmp/models.log 2>&1
     echo "model sweep exit status: $?"
-    grep -E "^\[|cases" /tmp/models.log | grep -v ": ok " | tail -30
+    cp /tmp/models.log "$OUT/models/"
+    grep -E "^\[" /tmp/models.log | grep -v ": ok " | tail -30
 fi
 
 for pid in "${pids[@]}"; do wait "$pid"; done

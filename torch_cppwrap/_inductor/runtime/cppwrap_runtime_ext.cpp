@@ -57,35 +57,38 @@ namespace at::cuda {
 static_assert(sizeof(at::Tensor) == sizeof(void*), "slot layout");
 static_assert(alignof(at::Tensor) == alignof(void*), "slot layout");
 
-#define CPPWRAP_CHECK_DTYPE(name, scalar) \
-  static_assert(cppwrap::dtype::name == static_cast<int32_t>(c10::ScalarType::scalar));
-CPPWRAP_CHECK_DTYPE(kUInt8, Byte)
-CPPWRAP_CHECK_DTYPE(kInt8, Char)
-CPPWRAP_CHECK_DTYPE(kInt16, Short)
-CPPWRAP_CHECK_DTYPE(kInt32, Int)
-CPPWRAP_CHECK_DTYPE(kInt64, Long)
-CPPWRAP_CHECK_DTYPE(kFloat16, Half)
-CPPWRAP_CHECK_DTYPE(kFloat32, Float)
-CPPWRAP_CHECK_DTYPE(kFloat64, Double)
-CPPWRAP_CHECK_DTYPE(kComplex32, ComplexHalf)
-CPPWRAP_CHECK_DTYPE(kComplex64, ComplexFloat)
-CPPWRAP_CHECK_DTYPE(kComplex128, ComplexDouble)
-CPPWRAP_CHECK_DTYPE(kBool, Bool)
-CPPWRAP_CHECK_DTYPE(kBFloat16, BFloat16)
-CPPWRAP_CHECK_DTYPE(kFloat8_e5m2, Float8_e5m2)
-CPPWRAP_CHECK_DTYPE(kFloat8_e4m3fn, Float8_e4m3fn)
-CPPWRAP_CHECK_DTYPE(kFloat8_e5m2fnuz, Float8_e5m2fnuz)
-CPPWRAP_CHECK_DTYPE(kFloat8_e4m3fnuz, Float8_e4m3fnuz)
-CPPWRAP_CHECK_DTYPE(kUInt16, UInt16)
-CPPWRAP_CHECK_DTYPE(kUInt32, UInt32)
-CPPWRAP_CHECK_DTYPE(kUInt64, UInt64)
-#undef CPPWRAP_CHECK_DTYPE
-#define CPPWRAP_CHECK_DEVICE(name, type) \
-  static_assert(cppwrap::device::name == static_cast<int32_t>(c10::DeviceType::type));
-CPPWRAP_CHECK_DEVICE(kCPU, CPU)
-CPPWRAP_CHECK_DEVICE(kCUDA, CUDA)
-CPPWRAP_CHECK_DEVICE(kMeta, Meta)
-#undef CPPWRAP_CHECK_DEVICE
+// Every code of cppwrap_dtypes.h against c10's enum of that name.
+#define CPPWRAP_CHECK_CODE(group, name, type, value) \
+  static_assert(cppwrap::group::name == static_cast<int32_t>(c10::type::value));
+CPPWRAP_CHECK_CODE(dtype, kUInt8, ScalarType, Byte)
+CPPWRAP_CHECK_CODE(dtype, kInt8, ScalarType, Char)
+CPPWRAP_CHECK_CODE(dtype, kInt16, ScalarType, Short)
+CPPWRAP_CHECK_CODE(dtype, kInt32, ScalarType, Int)
+CPPWRAP_CHECK_CODE(dtype, kInt64, ScalarType, Long)
+CPPWRAP_CHECK_CODE(dtype, kFloat16, ScalarType, Half)
+CPPWRAP_CHECK_CODE(dtype, kFloat32, ScalarType, Float)
+CPPWRAP_CHECK_CODE(dtype, kFloat64, ScalarType, Double)
+CPPWRAP_CHECK_CODE(dtype, kComplex32, ScalarType, ComplexHalf)
+CPPWRAP_CHECK_CODE(dtype, kComplex64, ScalarType, ComplexFloat)
+CPPWRAP_CHECK_CODE(dtype, kComplex128, ScalarType, ComplexDouble)
+CPPWRAP_CHECK_CODE(dtype, kBool, ScalarType, Bool)
+CPPWRAP_CHECK_CODE(dtype, kBFloat16, ScalarType, BFloat16)
+CPPWRAP_CHECK_CODE(dtype, kFloat8_e5m2, ScalarType, Float8_e5m2)
+CPPWRAP_CHECK_CODE(dtype, kFloat8_e4m3fn, ScalarType, Float8_e4m3fn)
+CPPWRAP_CHECK_CODE(dtype, kFloat8_e5m2fnuz, ScalarType, Float8_e5m2fnuz)
+CPPWRAP_CHECK_CODE(dtype, kFloat8_e4m3fnuz, ScalarType, Float8_e4m3fnuz)
+CPPWRAP_CHECK_CODE(dtype, kUInt16, ScalarType, UInt16)
+CPPWRAP_CHECK_CODE(dtype, kUInt32, ScalarType, UInt32)
+CPPWRAP_CHECK_CODE(dtype, kUInt64, ScalarType, UInt64)
+CPPWRAP_CHECK_CODE(device, kCPU, DeviceType, CPU)
+CPPWRAP_CHECK_CODE(device, kCUDA, DeviceType, CUDA)
+CPPWRAP_CHECK_CODE(device, kMeta, DeviceType, Meta)
+CPPWRAP_CHECK_CODE(layout, kStrided, Layout, Strided)
+CPPWRAP_CHECK_CODE(memory_format, kContiguous, MemoryFormat, Contiguous)
+CPPWRAP_CHECK_CODE(memory_format, kPreserve, MemoryFormat, Preserve)
+CPPWRAP_CHECK_CODE(memory_format, kChannelsLast, MemoryFormat, ChannelsLast)
+CPPWRAP_CHECK_CODE(memory_format, kChannelsLast3d, MemoryFormat, ChannelsLast3d)
+#undef CPPWRAP_CHECK_CODE
 
 namespace {
 

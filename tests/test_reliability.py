@@ -433,6 +433,34 @@ class TestExceptionTypes(CppWrapperTestCase):
         ):
             torch.compile(fn)(torch.full((8,), float("inf")))
 
+    def test_failed_shim_call_never_points_to_an_empty_stderr(self) -> None:
+        # Inside this graph, the convolution's shape check reaches the C shim
+        # as an exception with no message (torch 2.13): the shim records an
+        # empty reason and logs nothing, so the message must not send the
+        # user to stderr for it.
+        conv = torch.nn.ConvTranspose2d(3, 6, 3, padding=1, output_padding=1)
+
+        def fn(x):
+            return torch.tanh(conv(x))
+
+        include = os.path.join(os.path.dirname(torch.__file__), "include")
+        if not os.path.isfile(
+            os.path.join(include, "torch/csrc/shim_exception_state.h")
+        ):
+            self.skipTest("this torch's C shim logs its failures to stderr")
+        with (
+            torch.no_grad(),
+            config.patch(cpp_wrapper=True, fx_graph_cache=False),
+            our_wrappers_created() as created,
+            self.assertRaisesRegex(
+                RuntimeError,
+                r"aoti_torch_cpu_convolution API call failed at \S+: "
+                r"(?!\(libtorch logged)",
+            ),
+        ):
+            torch.compile(fn)(torch.randn(1, 3, 8, 8))
+        self.assertEqual(len(created), 1)
+
 
 if __name__ == "__main__":
     run_tests()

@@ -139,8 +139,9 @@ typedef struct CppwrapApi {
   // Python type; returns 0, or -1 (nothing set) where that type would only be
   // RuntimeError.  The GIL must be held.
   int (*raise_exception)(const void* src);
-  // The message the C shim recorded for its last failure on this thread, or
-  // null where this torch records none.
+  // The message the C shim recorded for its last failure on this thread
+  // (empty if the exception it caught had none), or null where this torch
+  // records none.
   const char* (*shim_error)(void);
 
   // --- Complex numbers (a Scalar argument, or a Tensor one given a

@@ -48,11 +48,14 @@ struct Error : std::runtime_error {
 }
 
 [[noreturn]] inline void fail_shim(const char* what) {
-  // The C shim returns only an error code; recent torch keeps the message.
+  // The C shim returns only an error code; torch 2.13 on keeps the message.
   const char* reason = api->shim_error();
-  throw Error(
-      std::string(what) + ": " +
-      (reason != nullptr ? reason : "(libtorch logged the reason to stderr)"));
+  if (reason == nullptr) {
+    reason = "(libtorch logged the reason to stderr)";
+  } else if (*reason == '\0') {
+    reason = "(libtorch gave no reason)";
+  }
+  throw Error(std::string(what) + ": " + reason);
 }
 
 // Checks the status of a C-shim call; `what` says which call failed.

@@ -648,11 +648,11 @@ int raise_exception(const void* src) {
 }
 
 // What the C shim recorded about its last failure on this thread (it returns
-// only an error code); null where this torch does not record it.
+// only an error code): empty when the exception it caught said nothing, null
+// where this torch does not record it.
 const char* shim_error() {
 #if CPPWRAP_SHIM_RECORDS_ERRORS
-  const std::string& what = torch::csrc::shim::details::get_torch_exception_what_without_backtrace();
-  return what.empty() ? nullptr : what.c_str();
+  return torch::csrc::shim::details::get_torch_exception_what_without_backtrace().c_str();
 #else
   return nullptr;
 #endif

@@ -71,7 +71,7 @@ if has_step models; then
         --device cuda --out "$OUT/models" ${MODELS_ARGS:-} > /tmp/models.log 2>&1
     echo "model sweep exit status: $?"
     cp /tmp/models.log "$OUT/models/"
-    grep -E "^\[" /tmp/models.log | grep -v ": ok " | tail -30
+    grep -E "^\[" /tmp/models.log | tail -30
 fi
 
 for pid in "${pids[@]}"; do wait "$pid"; done

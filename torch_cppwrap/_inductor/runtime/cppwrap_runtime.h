@@ -34,6 +34,9 @@ inline const CppwrapApi* api = nullptr;
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
   std::exception_ptr cause;  // what the runtime caught, if anything
+  // A shim call failed and libtorch recorded no reason: what() says only
+  // which call, and the entry point looks for the op's own Python exception.
+  bool unexplained = false;
 };
 
 // Throws the failure of the runtime call that just returned -1.
@@ -51,11 +54,14 @@ struct Error : std::runtime_error {
   // The C shim returns only an error code; torch 2.13 on keeps the message.
   const char* reason = api->shim_error();
   if (reason == nullptr) {
-    reason = "(libtorch logged the reason to stderr)";
-  } else if (*reason == '\0') {
-    reason = "(libtorch gave no reason)";
+    throw Error(std::string(what) + ": (libtorch logged the reason to stderr)");
   }
-  throw Error(std::string(what) + ": " + reason);
+  if (*reason != '\0') {
+    throw Error(std::string(what) + ": " + reason);
+  }
+  Error error(what);
+  error.unexplained = true;
+  throw error;
 }
 
 // Checks the status of a C-shim call; `what` says which call failed.
@@ -664,12 +670,40 @@ inline void clear_args(PyObject* args) {
   PyList_SetSlice(args, 0, PyList_GET_SIZE(args), nullptr);
 }
 
+// Raises a RuntimeError for a shim call that failed with no reason.  An op
+// that ran through Python (under a dispatch mode, such as the one AOTAutograd
+// holds over a graph's first call) failed there: the shim caught an empty C++
+// error and left the op's own exception pending.  Ours then says it and is
+// raised from it.  Needs the GIL.
+inline void raise_unexplained(const char* what) {
+  if (PyErr_Occurred() == nullptr) {
+    PyErr_Format(PyExc_RuntimeError, "%s: (libtorch gave no reason)", what);
+    return;
+  }
+  PyObject *type = nullptr, *cause = nullptr, *traceback = nullptr;
+  PyErr_Fetch(&type, &cause, &traceback);
+  PyErr_NormalizeException(&type, &cause, &traceback);
+  if (traceback != nullptr) {
+    PyException_SetTraceback(cause, traceback);
+  }
+  PyErr_Format(PyExc_RuntimeError, "%s: %S", what, cause);
+  PyObject *ours_type = nullptr, *ours = nullptr, *ours_traceback = nullptr;
+  PyErr_Fetch(&ours_type, &ours, &ours_traceback);
+  PyErr_NormalizeException(&ours_type, &ours, &ours_traceback);
+  PyException_SetCause(ours, cause);  // steals `cause`
+  PyErr_Restore(ours_type, ours, ours_traceback);
+  Py_XDECREF(type);
+  Py_XDECREF(traceback);
+}
+
 // Sets the Python exception for whatever the graph threw.  Needs the GIL.
 inline PyObject* raise_current() {
   try {
     throw;
   } catch (const Error& e) {
-    if (!e.cause || api->raise_exception(&e.cause) != 0) {
+    if (e.unexplained) {
+      raise_unexplained(e.what());
+    } else if (!e.cause || api->raise_exception(&e.cause) != 0) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }
   } catch (const std::exception& e) {

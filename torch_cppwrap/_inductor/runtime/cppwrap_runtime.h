@@ -34,9 +34,10 @@ inline const CppwrapApi* api = nullptr;
 struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
   std::exception_ptr cause;  // what the runtime caught, if anything
-  // A shim call failed and libtorch recorded no reason: what() says only
-  // which call, and the entry point looks for the op's own Python exception.
-  bool unexplained = false;
+  // Set when a shim call failed and libtorch recorded no reason: what() says
+  // only which call, and the entry point looks for the op's own Python
+  // exception, saying this where there is none.
+  const char* no_reason = nullptr;
 };
 
 // Throws the failure of the runtime call that just returned -1.
@@ -53,14 +54,12 @@ struct Error : std::runtime_error {
 [[noreturn]] inline void fail_shim(const char* what) {
   // The C shim returns only an error code; torch 2.13 on keeps the message.
   const char* reason = api->shim_error();
-  if (reason == nullptr) {
-    throw Error(std::string(what) + ": (libtorch logged the reason to stderr)");
-  }
-  if (*reason != '\0') {
+  if (reason != nullptr && *reason != '\0') {
     throw Error(std::string(what) + ": " + reason);
   }
   Error error(what);
-  error.unexplained = true;
+  error.no_reason = reason == nullptr ? "(libtorch logged the reason to stderr)"
+                                      : "(libtorch gave no reason)";
   throw error;
 }
 
@@ -675,9 +674,9 @@ inline void clear_args(PyObject* args) {
 // holds over a graph's first call) failed there: the shim caught an empty C++
 // error and left the op's own exception pending.  Ours then says it and is
 // raised from it.  Needs the GIL.
-inline void raise_unexplained(const char* what) {
+inline void raise_unexplained(const char* what, const char* no_reason) {
   if (PyErr_Occurred() == nullptr) {
-    PyErr_Format(PyExc_RuntimeError, "%s: (libtorch gave no reason)", what);
+    PyErr_Format(PyExc_RuntimeError, "%s: %s", what, no_reason);
     return;
   }
   PyObject *type = nullptr, *cause = nullptr, *traceback = nullptr;
@@ -701,8 +700,8 @@ inline PyObject* raise_current() {
   try {
     throw;
   } catch (const Error& e) {
-    if (e.unexplained) {
-      raise_unexplained(e.what());
+    if (e.no_reason != nullptr) {
+      raise_unexplained(e.what(), e.no_reason);
     } else if (!e.cause || api->raise_exception(&e.cause) != 0) {
       PyErr_SetString(PyExc_RuntimeError, e.what());
     }

@@ -464,5 +464,6 @@ class TestExceptionTypes(CppWrapperTestCase):
                     self.assertIn(reason, message)
         self.assertEqual(len(created), 1)
 
+
 if __name__ == "__main__":
     run_tests()

@@ -1309,8 +1309,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
     def _checked_shim_call(shim_fn: str, args: Sequence[str], where: str) -> str:
         """A statement calling `shim_fn`; its failure names it and `where`
         (the op, or the buffer it computes), in the words of upstream's
-        check, which PyTorch's tests match."""
-        what = spell.string_literal(f"{shim_fn} API call failed at {where}")
+        check, which PyTorch's tests match: the function's name, a call's
+        parentheses, "API call failed"."""
+        what = spell.string_literal(f"{shim_fn}(...) API call failed at {where}")
         return f"cppwrap::check_shim({shim_fn}({', '.join(args)}), {what});"
 
     def val_to_arg_str(self, val: Any, type_: Any = None) -> str:

@@ -253,7 +253,7 @@ inline void* current_stream(int32_t device) {
   void* stream = nullptr;
   check_shim(
       aoti_torch_get_current_cuda_stream(device, &stream),
-      "aoti_torch_get_current_cuda_stream API call failed");
+      "aoti_torch_get_current_cuda_stream(...) API call failed");
   return stream;
 }
 
@@ -263,7 +263,7 @@ class DeviceGuard {
   explicit DeviceGuard(int32_t device) {
     check_shim(
         aoti_torch_create_cuda_guard(device, &guard_),
-        "aoti_torch_create_cuda_guard API call failed");
+        "aoti_torch_create_cuda_guard(...) API call failed");
     bind_context(device);
   }
   DeviceGuard(const DeviceGuard&) = delete;
@@ -274,7 +274,7 @@ class DeviceGuard {
   void set_index(int32_t device) {
     check_shim(
         aoti_torch_cuda_guard_set_index(guard_, device),
-        "aoti_torch_cuda_guard_set_index API call failed");
+        "aoti_torch_cuda_guard_set_index(...) API call failed");
     bind_context(device);
   }
 
@@ -308,7 +308,7 @@ inline void host_rng_state(Input& state) {
     return;
   }
   int32_t index = 0;
-  check_shim(aoti_torch_get_device_index(state.get(), &index), "aoti_torch_get_device_index API call failed");
+  check_shim(aoti_torch_get_device_index(state.get(), &index), "aoti_torch_get_device_index(...) API call failed");
   int capturing = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
   const CUresult status =
       driver().stream_is_capturing(static_cast<CUstream>(current_stream(index)), &capturing);
@@ -319,10 +319,10 @@ inline void host_rng_state(Input& state) {
     return;
   }
   int32_t dtype = 0;
-  check_shim(aoti_torch_get_dtype(state.get(), &dtype), "aoti_torch_get_dtype API call failed");
+  check_shim(aoti_torch_get_dtype(state.get(), &dtype), "aoti_torch_get_dtype(...) API call failed");
   const int64_t ndim = api->dim(state.slot());
   Tensor host = empty_strided(ndim, state.sizes(), state.strides(), dtype, device::kCPU, 0);
-  check_shim(aoti_torch_copy_(host.get(), state.get(), 0), "aoti_torch_copy_ API call failed");
+  check_shim(aoti_torch_copy_(host.get(), state.get(), 0), "aoti_torch_copy_(...) API call failed");
   state.replace(std::move(host));
 }
 

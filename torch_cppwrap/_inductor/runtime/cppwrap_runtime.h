@@ -260,7 +260,7 @@ inline Tensor undefined_tensor() {
   AtenTensorHandle handle = nullptr;
   check_shim(
       aoti_torch_new_uninitialized_tensor(&handle),
-      "aoti_torch_new_uninitialized_tensor API call failed");
+      "aoti_torch_new_uninitialized_tensor(...) API call failed");
   return Tensor::adopt(handle);
 }
 
@@ -288,7 +288,7 @@ inline Tensor reinterpret_view(
   int64_t base = 0;
   check_shim(
       aoti_torch_get_storage_offset(src.get(), &base),
-      "aoti_torch_get_storage_offset API call failed");
+      "aoti_torch_get_storage_offset(...) API call failed");
   return reinterpret_tensor(
       src, static_cast<int64_t>(sizes.size()), sizes.begin(), strides.begin(), base + offset);
 }
@@ -302,7 +302,7 @@ inline Tensor alloc_from_pool(
       aoti_torch__alloc_from_pool(
           pool.get(), offset_bytes, dtype, static_cast<int64_t>(sizes.size()), sizes.begin(),
           strides.begin(), &handle),
-      "aoti_torch__alloc_from_pool API call failed");
+      "aoti_torch__alloc_from_pool(...) API call failed");
   return Tensor::adopt(handle);
 }
 

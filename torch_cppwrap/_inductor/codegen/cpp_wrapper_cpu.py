@@ -1308,11 +1308,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
     @staticmethod
     def _checked_shim_call(shim_fn: str, args: Sequence[str], where: str) -> str:
         """A statement calling `shim_fn`; its failure names it and `where`
-        (the op, or the buffer it computes), in the words of upstream's
-        check, which PyTorch's tests match: the function's name, a call's
-        parentheses, "API call failed"."""
-        what = spell.string_literal(f"{shim_fn}(...) API call failed at {where}")
-        return f"cppwrap::check_shim({shim_fn}({', '.join(args)}), {what});"
+        (the op, or the buffer it computes) in the words of upstream's check,
+        which PyTorch's tests match (`aoti_torch_cpu_x(...) API call
+        failed`).  The function's name appears once, in the call, as in
+        upstream's source, where PyTorch's tests count calls."""
+        call = f"{shim_fn}({', '.join(args)})"
+        return f"CPPWRAP_CHECK_SHIM({spell.string_literal(where)}, {call});"
 
     def val_to_arg_str(self, val: Any, type_: Any = None) -> str:
         return shim_argument(self.codegen_sizevar, val, type_)

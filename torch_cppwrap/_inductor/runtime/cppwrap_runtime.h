@@ -70,6 +70,25 @@ inline void check_shim(AOTITorchError status, const char* what) {
   }
 }
 
+// A generated shim call's failure: "aoti_torch_cpu_x(...) API call failed at
+// <where>", the function's name taken from the call's text.
+[[noreturn]] inline void fail_shim_call(const char* call, const char* where) {
+  const std::string text(call);
+  fail_shim((text.substr(0, text.find('(')) + "(...) API call failed at " + where).c_str());
+}
+
+inline void check_shim_call(AOTITorchError status, const char* call, const char* where) {
+  if (status != AOTI_TORCH_SUCCESS) {
+    fail_shim_call(call, where);
+  }
+}
+
+// How generated code calls a shim function: the call appears once in the
+// source, as upstream's wrapper writes it, and its text names the function
+// in the message.  `where` is the op, or the buffer the call computes.
+#define CPPWRAP_CHECK_SHIM(where, ...) \
+  ::cppwrap::check_shim_call((__VA_ARGS__), #__VA_ARGS__, where)
+
 // An owned at::Tensor, 8 bytes on the stack.  Empty when `impl_` is null.
 class Tensor {
  public:

@@ -251,9 +251,7 @@ class Kernel {
 // The current CUDA stream of `device`, where PyTorch's own kernels run too.
 inline void* current_stream(int32_t device) {
   void* stream = nullptr;
-  check_shim(
-      aoti_torch_get_current_cuda_stream(device, &stream),
-      "aoti_torch_get_current_cuda_stream(...) API call failed");
+  CPPWRAP_CHECK_SHIM(nullptr, aoti_torch_get_current_cuda_stream(device, &stream));
   return stream;
 }
 
@@ -261,9 +259,7 @@ inline void* current_stream(int32_t device) {
 class DeviceGuard {
  public:
   explicit DeviceGuard(int32_t device) {
-    check_shim(
-        aoti_torch_create_cuda_guard(device, &guard_),
-        "aoti_torch_create_cuda_guard(...) API call failed");
+    CPPWRAP_CHECK_SHIM(nullptr, aoti_torch_create_cuda_guard(device, &guard_));
     bind_context(device);
   }
   DeviceGuard(const DeviceGuard&) = delete;
@@ -272,9 +268,7 @@ class DeviceGuard {
     aoti_torch_delete_cuda_guard(guard_);
   }
   void set_index(int32_t device) {
-    check_shim(
-        aoti_torch_cuda_guard_set_index(guard_, device),
-        "aoti_torch_cuda_guard_set_index(...) API call failed");
+    CPPWRAP_CHECK_SHIM(nullptr, aoti_torch_cuda_guard_set_index(guard_, device));
     bind_context(device);
   }
 
@@ -308,7 +302,7 @@ inline void host_rng_state(Input& state) {
     return;
   }
   int32_t index = 0;
-  check_shim(aoti_torch_get_device_index(state.get(), &index), "aoti_torch_get_device_index(...) API call failed");
+  CPPWRAP_CHECK_SHIM(nullptr, aoti_torch_get_device_index(state.get(), &index));
   int capturing = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
   const CUresult status =
       driver().stream_is_capturing(static_cast<CUstream>(current_stream(index)), &capturing);
@@ -319,10 +313,10 @@ inline void host_rng_state(Input& state) {
     return;
   }
   int32_t dtype = 0;
-  check_shim(aoti_torch_get_dtype(state.get(), &dtype), "aoti_torch_get_dtype(...) API call failed");
+  CPPWRAP_CHECK_SHIM(nullptr, aoti_torch_get_dtype(state.get(), &dtype));
   const int64_t ndim = api->dim(state.slot());
   Tensor host = empty_strided(ndim, state.sizes(), state.strides(), dtype, device::kCPU, 0);
-  check_shim(aoti_torch_copy_(host.get(), state.get(), 0), "aoti_torch_copy_(...) API call failed");
+  CPPWRAP_CHECK_SHIM(nullptr, aoti_torch_copy_(host.get(), state.get(), 0));
   state.replace(std::move(host));
 }
 

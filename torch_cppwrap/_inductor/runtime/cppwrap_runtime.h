@@ -70,11 +70,15 @@ inline void check_shim(AOTITorchError status, const char* what) {
   }
 }
 
-// A generated shim call's failure: "aoti_torch_cpu_x(...) API call failed at
-// <where>", the function's name taken from the call's text.
+// A shim call's failure: "aoti_torch_cpu_x(...) API call failed[ at <where>]",
+// the function's name taken from the call's text.
 [[noreturn]] inline void fail_shim_call(const char* call, const char* where) {
   const std::string text(call);
-  fail_shim((text.substr(0, text.find('(')) + "(...) API call failed at " + where).c_str());
+  std::string what = text.substr(0, text.find('(')) + "(...) API call failed";
+  if (where != nullptr) {
+    what = what + " at " + where;
+  }
+  fail_shim(what.c_str());
 }
 
 inline void check_shim_call(AOTITorchError status, const char* call, const char* where) {
@@ -83,9 +87,10 @@ inline void check_shim_call(AOTITorchError status, const char* call, const char*
   }
 }
 
-// How generated code calls a shim function: the call appears once in the
-// source, as upstream's wrapper writes it, and its text names the function
-// in the message.  `where` is the op, or the buffer the call computes.
+// How generated code (and this runtime) calls a shim function: the call
+// appears once in the source, as upstream's wrapper writes it, and its text
+// names the function in the message.  `where` is the op, or the buffer the
+// call computes; nullptr in the runtime's own calls.
 #define CPPWRAP_CHECK_SHIM(where, ...) \
   ::cppwrap::check_shim_call((__VA_ARGS__), #__VA_ARGS__, where)
 
@@ -277,9 +282,7 @@ inline Tensor empty_strided(
 // An at::Tensor() (undefined), for a non-optional tensor argument given None.
 inline Tensor undefined_tensor() {
   AtenTensorHandle handle = nullptr;
-  check_shim(
-      aoti_torch_new_uninitialized_tensor(&handle),
-      "aoti_torch_new_uninitialized_tensor(...) API call failed");
+  CPPWRAP_CHECK_SHIM(nullptr, aoti_torch_new_uninitialized_tensor(&handle));
   return Tensor::adopt(handle);
 }
 
@@ -305,9 +308,7 @@ inline Tensor reinterpret_tensor(
 inline Tensor reinterpret_view(
     const Tensor& src, IntList sizes, IntList strides, int64_t offset) {
   int64_t base = 0;
-  check_shim(
-      aoti_torch_get_storage_offset(src.get(), &base),
-      "aoti_torch_get_storage_offset(...) API call failed");
+  CPPWRAP_CHECK_SHIM(nullptr, aoti_torch_get_storage_offset(src.get(), &base));
   return reinterpret_tensor(
       src, static_cast<int64_t>(sizes.size()), sizes.begin(), strides.begin(), base + offset);
 }
@@ -317,11 +318,11 @@ inline Tensor reinterpret_view(
 inline Tensor alloc_from_pool(
     const Tensor& pool, int64_t offset_bytes, int32_t dtype, IntList sizes, IntList strides) {
   AtenTensorHandle handle = nullptr;
-  check_shim(
+  CPPWRAP_CHECK_SHIM(
+      nullptr,
       aoti_torch__alloc_from_pool(
           pool.get(), offset_bytes, dtype, static_cast<int64_t>(sizes.size()), sizes.begin(),
-          strides.begin(), &handle),
-      "aoti_torch__alloc_from_pool(...) API call failed");
+          strides.begin(), &handle));
   return Tensor::adopt(handle);
 }
 

@@ -58,16 +58,27 @@ fi
 
 if has_step upstream-tests; then
     echo "== PyTorch's cpp_wrapper tests in both modes, started $(date +%T)"
-    timeout "${UPSTREAM_TIMEOUT:-400}" $PYTHON tools/conformance.py \
+    # The work dir is ours, not UPSTREAM_ARGS': its per-run progress records
+    # (each test's outcome as it ends) come back flat, so a run cut by the
+    # call's limit still says what it did (session 41 lost one: the device
+    # tool returns no file nested that deep).
+    work=/tmp/upstream_work
+    timeout -s INT -k 30 "${UPSTREAM_TIMEOUT:-400}" $PYTHON tools/conformance.py \
         --test-dir .pytorch_tests/test/inductor --out "$OUT/upstream_tests.md" \
-        ${UPSTREAM_ARGS:-} > "/tmp/upstream_tests.log" 2>&1
+        --work-dir "$work" ${UPSTREAM_ARGS:-} > "/tmp/upstream_tests.log" 2>&1
     echo "upstream tests exit status: $?"
+    for record in "$work"/*/*/progress.jsonl; do
+        [[ -e $record ]] || continue
+        run=${record#"$work"/}
+        run=${run%/progress.jsonl}
+        cp "$record" "$OUT/progress.${run//\//.}.jsonl"
+    done
     tail -40 /tmp/upstream_tests.log
 fi
 
 if has_step models; then
     echo "== real models on CUDA, started $(date +%T)"
-    timeout -s INT "${MODELS_TIMEOUT:-400}" $PYTHON benchmarks/model_sweep.py \
+    timeout -s INT -k 30 "${MODELS_TIMEOUT:-400}" $PYTHON benchmarks/model_sweep.py \
         --device cuda --out "$OUT/models" ${MODELS_ARGS:-} > /tmp/models.log 2>&1
     echo "model sweep exit status: $?"
     cp /tmp/models.log "$OUT/models/"

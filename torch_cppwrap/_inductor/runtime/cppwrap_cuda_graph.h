@@ -302,7 +302,7 @@ class GraphReplay {
         case Output::kInputView: {
           const Tensor& input = *inputs[out.index];
           int64_t base = 0;
-          check_shim(aoti_torch_get_storage_offset(input.get(), &base), "an input's storage offset");
+          CPPWRAP_CHECK_SHIM(nullptr, aoti_torch_get_storage_offset(input.get(), &base));
           *outputs[i] = reinterpret_tensor(input, ndim, out.sizes.data(), out.strides.data(), base + out.offset);
           break;
         }

@@ -63,13 +63,6 @@ struct Error : std::runtime_error {
   throw error;
 }
 
-// Checks the status of a C-shim call; `what` says which call failed.
-inline void check_shim(AOTITorchError status, const char* what) {
-  if (status != AOTI_TORCH_SUCCESS) {
-    fail_shim(what);
-  }
-}
-
 // A shim call's failure: "aoti_torch_cpu_x(...) API call failed[ at <where>]",
 // the function's name taken from the call's text.
 [[noreturn]] inline void fail_shim_call(const char* call, const char* where) {

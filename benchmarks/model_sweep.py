@@ -18,7 +18,10 @@ each setting:
 
 One process runs every case (``torch._dynamo.reset()`` between them);
 torch_cppwrap runs strict, so a graph ours cannot handle fails its case
-with the reason instead of falling back.  Writes ``sweep.md`` and
+with the reason instead of falling back.  A case that does not match eager
+runs again through Inductor's Python wrapper, and its row gives that error
+too: a mismatch both wrappers share is the kernels' rounding (TF32 in
+cuDNN, reductions in another order), not ours.  Writes ``sweep.md`` and
 ``sweep.json`` under ``--out``.  Not part of the package.
 """
 
@@ -61,6 +64,8 @@ class Case:
     max_err: float = 0.0
     compile_s: float = 0.0
     message: str = ""
+    # A mismatch's max error with Inductor's Python wrapper instead of ours.
+    python_max_err: float | None = None
 
 
 def builders(names: list[str] | None) -> dict[str, Callable[[str], models.Built]]:
@@ -107,10 +112,10 @@ def module_of(fn: Any) -> Any:
 
 
 @contextlib.contextmanager
-def setting_config(setting: str) -> Iterator[None]:
+def setting_config(setting: str, cpp_wrapper: bool = True) -> Iterator[None]:
     from torch._inductor import config
 
-    patches: dict[str, Any] = {"cpp_wrapper": True, "fx_graph_cache": False}
+    patches: dict[str, Any] = {"cpp_wrapper": cpp_wrapper, "fx_graph_cache": False}
     if setting in ("memory_planning", "freezing"):
         patches[setting] = True
     with config.patch(patches):
@@ -118,7 +123,11 @@ def setting_config(setting: str) -> Iterator[None]:
 
 
 def run_case(
-    name: str, build: Callable[[str], models.Built], setting: str, device: str
+    name: str,
+    build: Callable[[str], models.Built],
+    setting: str,
+    device: str,
+    cpp_wrapper: bool = True,
 ) -> Case:
     import torch
 
@@ -132,7 +141,7 @@ def run_case(
     before = bench.loaded_module_count()
     errors: list[float] = []
     ok = True
-    with setting_config(setting):
+    with setting_config(setting, cpp_wrapper):
         if setting == "backward":
             loss = eager_fn(*args).float().square().mean()
             loss.backward()
@@ -179,7 +188,7 @@ def run_case(
     case.max_err = max(errors, default=0.0)
     if not ok:
         case.status, case.message = "mismatch", f"max error {case.max_err:.3g}"
-    elif case.graphs == 0 or case.graphs != len(kinds):
+    elif cpp_wrapper and (case.graphs == 0 or case.graphs != len(kinds)):
         case.status = "error"
         case.message = f"wrappers: {', '.join(kinds) or 'none'}"
     return case
@@ -204,6 +213,13 @@ def sweep(
                 started = time.perf_counter()
                 try:
                     case = run_case(name, build, setting, device)
+                    if case.status == "mismatch":
+                        python = run_case(name, build, setting, device, False)
+                        case.python_max_err = python.max_err
+                        case.message += (
+                            f"; the Python wrapper's {python.max_err:.3g}"
+                            + (" (also a mismatch)" if python.status != "ok" else "")
+                        )
                 except KeyboardInterrupt:
                     where = traceback.format_exc(limit=-3).replace("\n", " ")
                     cases.append(

@@ -58,7 +58,13 @@ class TestSweep(TestCase):
             code, rows, _ = self.sweep("--models", "opt", "--settings", "default")
         self.assertEqual(code, 1)
         self.assertEqual(rows[0]["status"], "mismatch")
-        self.assertEqual(rows[0]["message"], "max error 0.5")
+        # The case ran again through the Python wrapper, whose error the row
+        # gives beside ours'.
+        self.assertEqual(
+            rows[0]["message"],
+            "max error 0.5; the Python wrapper's 0.5 (also a mismatch)",
+        )
+        self.assertEqual(rows[0]["python_max_err"], 0.5)
         # strict: a graph ours cannot handle raises, and the case says why.
         gap = NotImplementedError("torch_cppwrap: a gap in our wrapper")
         with mock.patch.object(CppWrapperCpu, "create", side_effect=gap):

@@ -141,6 +141,53 @@ class TestFallbacks(CppWrapperTestCase):
         ):
             module.call([x[1:]])
 
+    def test_optional_op_output_left_undefined(self) -> None:
+        # Found by PyTorch's test_cpu_cpp_wrapper on torch 2.15: multi-head
+        # attention without need_weights returns no weights (None), and 2.15
+        # asks for that output's layout and dtype all the same (2.13 skips
+        # empty outputs).
+        def fn(q, w, b, pw, pb):
+            return torch._native_multi_head_attention(
+                q, q, q, 6, 2, w, b, pw, pb, None, False
+            )
+
+        args = (
+            torch.randn(1, 3, 6),
+            torch.randn(18, 6),
+            torch.randn(18),
+            torch.randn(6, 6),
+            torch.randn(6),
+        )
+        self.assertIsNone(fn(*args)[1])
+        (source,) = self.check(fn, args, atol=1e-5, rtol=1e-5)
+        if _compat.torch_version_tuple() >= (2, 15):
+            self.assertEqual(
+                source.count(
+                    "cppwrap::assert_size_stride(buf2, {0L}, {1L}, "
+                    '"torch.ops.aten._native_multi_head_attention.default"'
+                ),
+                1,
+            )
+
+    def test_layout_check_of_undefined_and_empty_outputs(self) -> None:
+        # The check behind those lines: an undefined tensor has no layout to
+        # check, and no element of an empty one is read through its strides.
+        check = (
+            "cppwrap::Tensor none = cppwrap::undefined_tensor();\n"
+            '        cppwrap::assert_size_stride(none, {0L}, {1L}, "aten.op", '
+            "cppwrap::dtype::kFloat32);\n"
+            '        cppwrap::assert_size_stride(x, {0L, 5L}, {1L, 0L}, "aten.op");'
+        )
+        module = CppWrapperCodeCache.load(checking_identity_source("layout", check))
+        empty = torch.empty(0, 5)
+        self.assertIs(module.call([empty])[0], empty)
+        with self.assertRaisesRegex(
+            RuntimeError,
+            r"^output of aten\.op: expected size \[0, 5\] and stride \[1, 0\] "
+            r"but got size \[0, 6\]",
+        ):
+            module.call([torch.empty(0, 6)])
+
     def test_custom_op_mutating_input(self) -> None:
         @torch.library.custom_op("cppwrap_test::add_one_", mutates_args=("x",))
         def add_one_(x: torch.Tensor) -> None:

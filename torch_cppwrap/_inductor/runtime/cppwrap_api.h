@@ -69,8 +69,9 @@ typedef struct CppwrapApi {
   const int64_t* (*strides)(const void* slot);
   // Checks the device (if device_type >= 0; the index only where the tensor
   // has one), dtype (if >= 0), rank (if ndim >= 0), sizes and strides
-  // (entries < 0 are not checked) of a graph input; the error names the
-  // input and what was expected and found.
+  // (entries < 0 are not checked) of a graph input, or of an op's output
+  // (assert_size_stride; an undefined one passes); the error begins with
+  // `name` and says what was expected and found.
   int (*check_input)(
       const void* slot,
       const char* name,

@@ -380,7 +380,7 @@ inline void check_input(
     const int64_t* strides = nullptr) {
   if (api->check_input(t.slot(), name, dtype, device_type, device_index, ndim, sizes, strides) !=
       0) {
-    throw_runtime_failure(api->last_error());
+    throw_runtime_failure(std::string("input ") + api->last_error());
   }
 }
 

@@ -370,8 +370,9 @@ int check_input(
   const at::Tensor& t = tensor_at(slot);
   if (!t.defined()) {
     // An optional output that the op did not produce (multi-head attention's
-    // weights without need_weights): torch 2.15 asks for its layout all the
-    // same, and there is none to check.  A graph input is never undefined.
+    // weights without need_weights): torch 2.14 and later ask for its layout
+    // all the same, and there is none to check.  A graph input is never
+    // undefined.
     return 0;
   }
   if (device_type >= 0) {
@@ -408,7 +409,8 @@ int check_input(
   auto actual_sizes = t.sizes();
   auto actual_strides = t.strides();
   // A stride is only meaningful for a dimension with more than one element,
-  // and in a tensor with at least one (torch 2.15 checks empty op outputs too).
+  // and in a tensor with at least one (torch 2.14 and later check empty op
+  // outputs too).
   const bool empty = t.numel() == 0;
   for (int64_t i = 0; ok && i < ndim; ++i) {
     ok = (expected_sizes[i] < 0 || expected_sizes[i] == actual_sizes[i]) &&

@@ -214,7 +214,9 @@ def sweep(
                 try:
                     case = run_case(name, build, setting, device)
                     if case.status == "mismatch":
-                        python = run_case(name, build, setting, device, False)
+                        python = run_case(
+                            name, build, setting, device, cpp_wrapper=False
+                        )
                         case.python_max_err = python.max_err
                         case.message += (
                             f"; the Python wrapper's {python.max_err:.3g}"

@@ -408,14 +408,13 @@ int check_input(
   bool ok = t.dim() == ndim;
   auto actual_sizes = t.sizes();
   auto actual_strides = t.strides();
-  // A stride is only meaningful for a dimension with more than one element,
-  // and in a tensor with at least one (torch 2.14 and later check empty op
-  // outputs too).
-  const bool empty = t.numel() == 0;
   for (int64_t i = 0; ok && i < ndim; ++i) {
+    // A stride is only meaningful for a dimension with more than one element,
+    // and in a tensor with at least one (torch 2.14 and later check empty op
+    // outputs too); numel() is asked only where a stride differs.
     ok = (expected_sizes[i] < 0 || expected_sizes[i] == actual_sizes[i]) &&
-        (expected_strides[i] < 0 || actual_sizes[i] <= 1 || empty ||
-         expected_strides[i] == actual_strides[i]);
+        (expected_strides[i] < 0 || actual_sizes[i] <= 1 ||
+         expected_strides[i] == actual_strides[i] || t.numel() == 0);
   }
   if (!ok) {
     return fail(

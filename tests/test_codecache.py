@@ -20,7 +20,7 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._inductor.test_case import TestCase, run_tests
 from torch._inductor.utils import fresh_cache
 
-from tests.common import IDENTITY_SOURCE, seed_cache
+from tests.common import IDENTITY_SOURCE, checking_identity_source, seed_cache
 from torch_cppwrap import _compat
 from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codecache import (
@@ -74,6 +74,28 @@ class TestCodeCache(TestCase):
         self.assertEqual(len(self.graph_modules()), 1)
         # No temporary build directories are left behind.
         self.assertFalse(self.cppwrap_files(".build-*"))
+
+    def test_loading_a_module_again_leaves_the_others_alone(self) -> None:
+        # Every graph module has one initialiser name.  Loading one a second
+        # time in a process (after the memo is cleared, as Inductor's
+        # fresh_cache() does) once handed back the module loaded last, its
+        # functions swapped for the reloaded one's: a live graph then ran
+        # another graph's code.
+        a_source = IDENTITY_SOURCE % {"tag": "a"}
+        a = CppWrapperCodeCache.load(a_source)
+        b = CppWrapperCodeCache.load(
+            checking_identity_source("b", 'throw std::runtime_error("b ran");')
+        )
+        CppWrapperCodeCache.cache_clear()
+        again = CppWrapperCodeCache.load(a_source)
+        self.assertIsNot(again, b)
+        self.assertEqual(again.__file__, a.__file__)
+        self.assertEqual(b.__doc__, "test module b")
+        x = torch.randn(3)
+        self.assertIs(again.call([x])[0], x)
+        self.assertIs(a.call([x])[0], x)
+        with self.assertRaisesRegex(RuntimeError, "b ran"):
+            b.call([x])
 
     def test_runtime_sources_changed_under_a_running_process(self) -> None:
         # An upgrade while a process runs: new graphs would be built against

@@ -19,6 +19,7 @@ from torch._dynamo.utils import counters
 from torch._inductor import config
 from torch._inductor.codecache import PyCodeCache
 from torch._inductor.test_case import run_tests
+from torch._inductor.utils import clear_caches
 
 from tests.common import CppWrapperTestCase, our_wrappers_created
 from torch_cppwrap import _compat
@@ -199,6 +200,40 @@ class TestRedefinedOps(CppWrapperTestCase):
             again._module, module._module
         )  # one extension, its ops found once
         self.assertEqual(counters["inductor"]["fxgraph_cache_hit"], 1)
+
+
+class TestClearedCodeCache(CppWrapperTestCase):
+    def test_a_graph_compiled_again_runs_its_own_code(self) -> None:
+        # Inductor clears the in-process caches (clear_caches()) in
+        # fresh_cache(), under torch.compiler.config.force_disable_caches and
+        # around standalone_compile's cache directories; graphs compiled
+        # afterwards load their built modules a second time.  Each load must
+        # give the graph's own module: once, the second load of `add`'s
+        # refilled `double`'s module object with `add`'s functions and the
+        # second load of `double`'s refilled it back, so that a third
+        # compile of `add`, served that object from the code cache's memo,
+        # ran `double`'s code.
+        def add(x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+        def double(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        def add_again(x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+        def double_again(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        def add_third(x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+        x = torch.randn(8)
+        self.check(add, (x,))
+        self.check(double, (x,))
+        clear_caches()
+        for fn in (add_again, double_again, add_third):
+            self.check(fn, (x,))
 
 
 class TestInputChecks(CppWrapperTestCase):

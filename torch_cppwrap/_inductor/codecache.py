@@ -1293,7 +1293,8 @@ class CppWrapperCodeCache:
                 ensure_built(graph.module_path, graph.key, name, graph.build)
             RuntimeExtension.check_matches(graph.runtime_digest)
         # Every wrapper module's initialiser is PyInit_cppwrap_graph (a fixed
-        # name keeps the precompiled header valid); the path tells them apart.
+        # name keeps the precompiled header valid); the path tells them apart,
+        # and multi-phase initialisation gives each load a module of its own.
         module = _load_extension("cppwrap_graph", graph.module_path)
         module.__cppwrap_source_dir__ = str(graph.directory)  # type: ignore[attr-defined]
         return module

@@ -847,7 +847,11 @@ inline bool import_api() {
 // `call_impl`, plus any further PyMethodDef entries given after `doc`, each
 // followed by a comma.  Every wrapper module has the same PyInit_ name (the
 // loader tells them apart by path), so nothing module-specific is defined on
-// the command line and the precompiled header stays valid.
+// the command line and the precompiled header stays valid.  The initialiser
+// is multi-phase (PEP 489), so that every load makes a module of its own:
+// CPython files a single-phase module in sys.modules under its name, and a
+// second load of such a file refills the module filed there, which may be
+// another graph's, with that file's functions.
 #define CPPWRAP_DEFINE_MODULE_WITH_METHODS(doc, ...)                            \
   static PyMethodDef cppwrap_methods[] = {                                      \
       {"call", (PyCFunction)call_impl, METH_O, "Run the compiled graph."},      \
@@ -855,12 +859,12 @@ inline bool import_api() {
        "Give the module the namespace that holds the graph's constants."},      \
       __VA_ARGS__{nullptr, nullptr, 0, nullptr}};                               \
   static PyModuleDef cppwrap_module_def = {                                     \
-      PyModuleDef_HEAD_INIT, "cppwrap_graph", doc, -1, cppwrap_methods};        \
+      PyModuleDef_HEAD_INIT, "cppwrap_graph", doc, 0, cppwrap_methods};         \
   PyMODINIT_FUNC PyInit_cppwrap_graph(void) {                                   \
     if (!cppwrap::import_api()) {                                               \
       return nullptr;                                                           \
     }                                                                           \
-    return PyModule_Create(&cppwrap_module_def);                                \
+    return PyModuleDef_Init(&cppwrap_module_def);                               \
   }
 
 #define CPPWRAP_DEFINE_MODULE(doc) CPPWRAP_DEFINE_MODULE_WITH_METHODS(doc)

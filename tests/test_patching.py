@@ -14,6 +14,7 @@ import torch._inductor.codecache as inductor_codecache
 from torch._inductor import compile_fx, ir
 from torch._inductor import config as inductor_config
 from torch._inductor.codegen import common, cpp
+from torch._inductor.compile_fx_subproc import _SubprocessFxCompile
 from torch._inductor.test_case import TestCase, run_tests
 from torch._inductor.virtualized import V
 
@@ -55,6 +56,10 @@ class TestPatching(TestCase):
         self.assertIs(cpp.WorkSharing, CatchingWorkSharing)
         tag = common.custom_backend_passes["cpu"]
         self.assertEqual(tag.uuid()[0], "torch_cppwrap")
+        self.assertIs(
+            _SubprocessFxCompile._run_in_child_subprocess,
+            _patching.compile_in_subprocess,
+        )
 
     def test_patch_replaces_every_name(self) -> None:
         self.assert_patched()
@@ -132,6 +137,10 @@ class TestPatching(TestCase):
             ]
         }
 
+        subprocess_entry = torch_cppwrap.get_original(
+            _SubprocessFxCompile, "_run_in_child_subprocess"
+        )
+
         torch_cppwrap.unpatch()
         for (owner, name), original in originals.items():
             self.assertIs(getattr(owner, name), original)
@@ -146,6 +155,10 @@ class TestPatching(TestCase):
         )
         self.assertIs(ir.ExternKernel.try_get_kernel_name, original_name)
         self.assertIsNone(common.custom_backend_passes.get("cpu"))
+        self.assertIs(
+            _SubprocessFxCompile.__dict__["_run_in_child_subprocess"],
+            subprocess_entry,
+        )
 
         torch_cppwrap.patch()
         self.assert_patched()
@@ -169,6 +182,31 @@ class TestPatching(TestCase):
         self.assertIn(
             "from torch._inductor.codecache import CppWrapperCodeCache", source
         )
+
+    def test_a_compile_subprocess_generates_our_wrapper(self) -> None:
+        # TORCHINDUCTOR_FX_COMPILE_MODE=subprocess: a subprocess generates and
+        # builds the graph's code, which this process then loads.  Unpatched
+        # there, it generated upstream's C++ wrapper, whose module our code
+        # cache refuses to build, and the compile failed.
+        from torch._inductor.utils import run_and_get_code
+
+        from tests.common import seed_cache
+
+        seed_cache()
+        torch._dynamo.reset()
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            return torch.topk(x.sin(), 2).values * 2
+
+        x = torch.randn(4, 8)
+        subprocess_mode = compile_fx.FxCompileMode.SUBPROCESS
+        with (
+            mock.patch.object(compile_fx, "fx_compile_mode", subprocess_mode),
+            inductor_config.patch(cpp_wrapper=True, fx_graph_cache=False),
+        ):
+            result, (source,) = run_and_get_code(torch.compile(fn), x)
+        self.assertIn("from torch_cppwrap._inductor.codecache import", source)
+        self.assertEqual(result, fn(x))
 
     def test_aot_mode_keeps_upstream_wrapper(self) -> None:
         # AOTInductor packages upstream's C-shim wrapper into a model .so: a

@@ -23,7 +23,11 @@ What is replaced:
 * in Inductor's C++ kernel codegen (``codegen/cpp.py``), ``WorkSharing`` and
   the methods ``_kernel_codegen`` names: a kernel that can throw inside an
   OpenMP-parallel region catches there and rethrows after it, for our
-  wrapper only (``_inductor/codegen/cpp_parallel_errors.py``).
+  wrapper only (``_inductor/codegen/cpp_parallel_errors.py``);
+* ``_SubprocessFxCompile._run_in_child_subprocess``, the job a compile
+  subprocess runs (``TORCHINDUCTOR_FX_COMPILE_MODE=subprocess``), with
+  :func:`compile_in_subprocess`, whose name makes the subprocess import
+  torch_cppwrap before it generates the graph's code.
 """
 
 from __future__ import annotations
@@ -252,6 +256,18 @@ def _unpatch_registry() -> None:
     _registry_originals.clear()
 
 
+def compile_in_subprocess(pickled_input: Any, extra_env: Any) -> Any:
+    """What a patched process sends its compile subprocess to run
+    (``TORCHINDUCTOR_FX_COMPILE_MODE=subprocess``) in place of
+    ``_SubprocessFxCompile._run_in_child_subprocess``: the job names this
+    function, so unpickling it imports torch_cppwrap there, and the graphs the
+    subprocess generates are ours, which only our code cache loads."""
+    from torch._inductor.compile_fx_subproc import _SubprocessFxCompile
+
+    run = get_original(_SubprocessFxCompile, "_run_in_child_subprocess")
+    return run.__get__(None, _SubprocessFxCompile)(pickled_input, extra_env)
+
+
 def modules_holding_code_cache(original: Any) -> list[Any]:
     """Every loaded torch._inductor module whose CppWrapperCodeCache is `original`."""
     return [
@@ -302,6 +318,13 @@ def patch() -> None:
             if node_class is not None:
                 _replace(node_class, "codegen", _routed_codegen(node_class, method))
         _patch_kernel_codegen()
+        from torch._inductor.compile_fx_subproc import _SubprocessFxCompile
+
+        _replace(
+            _SubprocessFxCompile,
+            "_run_in_child_subprocess",
+            staticmethod(compile_in_subprocess),
+        )
         _patched = True
 
 

@@ -319,6 +319,18 @@ class TestCodeCache(TestCase):
                 self.assertTrue(paths[-1].startswith(cache_dir()))
         self.assertNotEqual(paths[0], paths[1])
 
+    def test_build_stamp_follows_config_filled_in_place(self) -> None:
+        # AOTInductor fills aot_inductor.metadata in place, which leaves
+        # Inductor's config hash as it was; the stamp of the build
+        # environment must follow the entry all the same (a stamp kept by
+        # that hash once filed a later compile's build records elsewhere).
+        with inductor_config.patch({"aot_inductor.metadata": {}}):
+            empty = codecache._environment_stamp()
+            inductor_config.aot_inductor.metadata["AOTI_PLATFORM"] = "linux"
+            filled = codecache._environment_stamp()
+        self.assertNotEqual(filled, empty)
+        self.assertEqual(codecache._environment_stamp(), codecache._environment_stamp())
+
     def test_a_built_module_loads_without_working_out_build_options(self) -> None:
         # What keys hash (the compile commands, the compiler's version) is
         # kept in the cache per build environment, so a process that only

@@ -649,9 +649,21 @@ _BUILD_CONFIG_PREFIXES = (
 )
 
 
-# Stamps already worked out in this process, by Inductor's config hash
-# (cached by the config module until the config changes) and the environment.
+# Stamps already worked out in this process, by the config entries and the
+# environment variables they stamp.
 _stamps: dict[tuple[Any, ...], str] = {}
+
+
+@functools.cache
+def _build_config_names() -> tuple[str, ...]:
+    """The entries of Inductor's config that cpp_builder reads, by prefix."""
+    return tuple(
+        sorted(
+            name
+            for name in inductor_config.save_config_portable()
+            if name.startswith(_BUILD_CONFIG_PREFIXES)
+        )
+    )
 
 
 def _environment_stamp() -> str:
@@ -668,7 +680,14 @@ def _environment_stamp() -> str:
             if name in _BUILD_ENV_NAMES or name.startswith(_BUILD_ENV_PREFIXES)
         )
     )
-    seen = (inductor_config.get_hash(), environ)
+    # Only what cpp_builder reads: a compile patches other parts (triton.*),
+    # which a later process that loads its modules does not.  By value, not
+    # by Inductor's config hash, which stays as it is while AOTInductor fills
+    # aot_inductor.metadata in place.
+    config = repr(
+        [(name, getattr(inductor_config, name)) for name in _build_config_names()]
+    )
+    seen = (config, environ)
     stamp = _stamps.get(seen)
     if stamp is not None:
         return stamp
@@ -679,19 +698,12 @@ def _environment_stamp() -> str:
             real = os.path.realpath(found)
             stat = os.stat(real)
             compilers.append((name, real, stat.st_size, stat.st_mtime_ns))
-    # Only what cpp_builder reads: a compile patches other parts (triton.*),
-    # which a later process that loads its modules does not.
-    config = sorted(
-        (name, value)
-        for name, value in inductor_config.save_config_portable().items()
-        if name.startswith(_BUILD_CONFIG_PREFIXES)
-    )
     stamp = _stamps[seen] = cache_key(
         torch.__version__,
         torch.__file__,
         sys.executable,
         sys.version,
-        repr(config),
+        config,
         repr(environ),
         repr(compilers),
     )

@@ -15,6 +15,7 @@ from torch._inductor.test_case import run_tests
 
 from tests.common import CppWrapperTestCase, checking_identity_source
 from torch_cppwrap import _compat
+from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codecache import CppWrapperCodeCache
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import HOST_READ, CppWrapperCpu
 
@@ -434,6 +435,33 @@ class TestOutputsAndInputs(CppWrapperTestCase):
         }
         self.assertIn(4, sizes)  # the 0-d sum
         self.assertIn(4 * 160, sizes)  # x * 2
+
+
+class TestVectorIsa(CppWrapperTestCase):
+    def test_kernels_build_for_the_isa_their_code_was_generated_for(self) -> None:
+        # config.cpp.simdlen picks the vector ISA that Inductor generates a
+        # graph's kernels for, compile by compile.  The kernels' translation
+        # unit must be built for that ISA: built for the first ISA the
+        # process saw (512-bit vectors under code stepping 256 bits), a
+        # transpose read and wrote past its buffers.
+        from torch._inductor.cpu_vec_isa import valid_vec_isa_list
+
+        by_width = {isa.bit_width(): isa for isa in reversed(valid_vec_isa_list())}
+        if len(by_width) < 2:
+            self.skipTest("the machine has fewer than two vector widths")
+
+        def fn(a: torch.Tensor) -> torch.Tensor:
+            return a.t().contiguous()
+
+        x = torch.randn(33, 33)
+        for width in sorted(by_width, reverse=True):
+            with self.subTest(width=width), config.patch({"cpp.simdlen": width}):
+                torch._dynamo.reset()
+                (source,) = self.check(fn, (x,))
+                self.assertIn("at::vec::", source)
+                command = codecache.toolchain().kernel_compile("k.cpp").fingerprint()
+                for macro in by_width[width].build_macro():
+                    self.assertRegex(command, rf"-D\s*{macro}\b")
 
 
 class TestRecordedFacts(CppWrapperTestCase):

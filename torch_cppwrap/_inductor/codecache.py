@@ -509,11 +509,14 @@ def loaded_library(stem: str) -> list[str]:
 class _Toolchain:
     """How each of torch_cppwrap's builds is expressed with cpp_builder's
     options.  Options are made afresh for each build, as they follow
-    Inductor's config; the vector ISA, whose probe compiles and runs test
-    programs, is asked once."""
+    Inductor's config."""
 
-    @functools.cached_property
+    @property
     def vec_isa(self) -> Any:
+        """The vector ISA Inductor generates kernels for under the config of
+        the moment (``cpp.simdlen`` picks it, compile by compile): kernels
+        built for another ISA than their code's read and write past their
+        buffers.  Inductor probes the machine once and keeps the answer."""
         return _compat.pick_vec_isa()
 
     @staticmethod

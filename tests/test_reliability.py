@@ -156,6 +156,56 @@ class TestReentrancy(CppWrapperTestCase):
         self.assertIsNone(made[-1]())
 
 
+# Compiles a graph whose module calls a scoped library's op through the
+# dispatcher, lets the library go, and then defines the op again, once with
+# another schema and once with the same; prints what each step gave.  A crash
+# shows as the child's exit status.
+_REDEFINED_OP_CHILD = """
+import gc, torch, torch_cppwrap
+from torch._inductor import config
+from torch._inductor.codecache import PyCodeCache
+from torch._inductor.utils import run_and_get_code
+config.cpp_wrapper = True
+x, out = torch.randn(3), torch.zeros(3)
+def attempt(label, thunk):
+    try:
+        print(label, thunk())
+    except Exception as e:
+        print(label, type(e).__name__, str(e).splitlines()[0])
+def fn(x, out):
+    torch.ops.cppwrap_again.copy_into(x, out)
+def copy_into(x, out):
+    out.copy_(x)
+def copy_twice_into(x, out):
+    out.copy_(x * 2)
+def zero(x):
+    x.zero_()
+with torch.library._scoped_library("cppwrap_again", "FRAGMENT") as lib:
+    lib.define("copy_into(Tensor x, Tensor(a!) out) -> ()")
+    lib.impl("copy_into", copy_into, "CompositeExplicitAutograd")
+    _, (source,) = run_and_get_code(torch.compile(fn), x, out)
+    print("ours:", "torch_cppwrap" in source, 'find_op("cppwrap_again::copy_into"' in source)
+    (module,) = [m for m in PyCodeCache.modules if hasattr(m, "call")]
+torch._dynamo.reset()
+gc.collect()
+attempt("gone:", lambda: module.call([x, out]))
+with torch.library._scoped_library("cppwrap_again", "FRAGMENT") as lib:
+    lib.define("copy_into(Tensor(a!) x) -> ()")
+    lib.impl("copy_into", zero, "CompositeExplicitAutograd")
+    def zero_a_copy(y):
+        y = y.clone()
+        torch.ops.cppwrap_again.copy_into(y[:])
+        return y
+    traced = torch.compile(zero_a_copy, backend="aot_eager", fullgraph=True)
+    attempt("traced again:", lambda: traced(torch.ones(3)).sum().item())
+    attempt("other schema:", lambda: module.call([x, out]))
+with torch.library._scoped_library("cppwrap_again", "FRAGMENT") as lib:
+    lib.define("copy_into(Tensor x, Tensor(a!) out) -> ()")
+    lib.impl("copy_into", copy_twice_into, "CompositeExplicitAutograd")
+    attempt("same schema:", lambda: (module.call([x, out]), torch.equal(out, x * 2))[1])
+"""
+
+
 class TestRedefinedOps(CppWrapperTestCase):
     def test_ops_redefined_between_two_compiles_of_one_graph(self) -> None:
         # PyTorch's tests define ops in a scoped library and may run a test's
@@ -200,6 +250,40 @@ class TestRedefinedOps(CppWrapperTestCase):
             again._module, module._module
         )  # one extension, its ops found once
         self.assertEqual(counters["inductor"]["fxgraph_cache_hit"], 1)
+
+    def test_an_op_defined_again_after_its_library_went(self) -> None:
+        # PyTorch's test_auto_functionalize.py defines mylib::foo in one test
+        # and again, with another schema, in the next.  Our graph modules
+        # once pinned each op's dispatcher entry to keep their handles valid;
+        # the pinned entry kept its pointer to the first op's Python object,
+        # freed with the library, and tracing the op defined anew (the
+        # Python dispatcher reads that pointer) crashed the process or
+        # called the freed object with the new op's arguments.  The handles
+        # now follow the dispatcher, and a module whose op is gone, or
+        # defined with another schema, says so when called.
+        proc = subprocess.run(
+            [sys.executable, "-c", _REDEFINED_OP_CHILD],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        self.assertEqual(proc.returncode, 0, f"child died\n{proc.stderr[-3000:]}")
+        lines = proc.stdout.splitlines()
+        self.assertIn("ours: True True", lines)
+        self.assertIn("traced again: 0.0", lines)
+        self.assertIn(
+            "gone: RuntimeError cppwrap_again::copy_into is no longer defined "
+            "(its library went away after this graph was compiled)",
+            lines,
+        )
+        (other,) = [line for line in lines if line.startswith("other schema:")]
+        self.assertRegex(
+            other,
+            r"RuntimeError cppwrap_again::copy_into was defined again as "
+            r"`cppwrap_again::copy_into\(Tensor\(a!\) x\) -> \(\)`, not as "
+            r"`cppwrap_again::copy_into\(Tensor x, Tensor\(a!\) out\) -> \(\)`",
+        )
+        self.assertIn("same schema: True", lines)
 
 
 class TestClearedCodeCache(CppWrapperTestCase):

@@ -454,26 +454,80 @@ int item_double(const void* slot, double* out) {
 
 // A graph module finds each op once and keeps the handle for the process's
 // life.  An op defined by a library that goes away (torch.library's scoped
-// libraries, as in PyTorch's tests) would leave the handle dangling, and a
-// module loaded again from the FX graph cache calling whatever took its
-// place.  Holding a registration of the op's name keeps the dispatcher's
-// entry for it: defined again, the op is found at the same entry; undefined,
-// calling it raises.
+// libraries, as in PyTorch's tests) leaves the dispatcher, and a module loaded
+// again from the FX graph cache may call it after it is defined anew.  The
+// handle follows the dispatcher rather than pin the op's entry there (a pinned
+// entry outlives the Python op object its Python-dispatcher cache points at,
+// and the op defined anew then crashed the process): a listener marks the
+// handles of an op whose definition goes, and the next call finds the op again
+// by name, refusing a schema other than the one the graph was compiled for.
 struct OpHandle {
-  c10::OperatorHandle op;
-  c10::RegistrationHandleRAII keep_entry;
+  explicit OpHandle(const c10::OperatorHandle& found)
+      : schema(found.schema()), op(found) {}
+
+  const c10::FunctionSchema schema;
+  c10::OperatorHandle op;  // read only while `stale` is false
+  std::atomic<bool> stale{false};
+};
+
+std::mutex op_handles_mutex;
+// Every handle made, never freed: the modules holding them stay loaded.
+std::vector<OpHandle*> op_handles;
+
+class StaleOpHandles final : public c10::OpRegistrationListener {
+ public:
+  void onOperatorRegistered(const c10::OperatorHandle& /*op*/) override {}
+  // Called while the op is still in the dispatcher, before its entry goes.
+  void onOperatorDeregistered(const c10::OperatorHandle& op) override {
+    std::lock_guard<std::mutex> lock(op_handles_mutex);
+    for (OpHandle* handle : op_handles) {
+      if (handle->schema.operator_name() == op.operator_name()) {
+        handle->stale.store(true, std::memory_order_release);
+      }
+    }
+  }
 };
 
 void* find_op(const char* name, const char* overload) {
   try {
     auto& dispatcher = c10::Dispatcher::singleton();
-    auto op = dispatcher.findSchemaOrThrow(name, overload);
-    // Never freed: the modules holding it stay loaded.
-    return new OpHandle{op, dispatcher.registerName(op.operator_name())};
+    static const auto* listening = new c10::RegistrationHandleRAII(
+        dispatcher.addRegistrationListener(std::make_unique<StaleOpHandles>()));
+    (void)listening;
+    auto handle = std::make_unique<OpHandle>(dispatcher.findSchemaOrThrow(name, overload));
+    std::lock_guard<std::mutex> lock(op_handles_mutex);
+    op_handles.push_back(handle.get());
+    return handle.release();
   } catch (const std::exception& e) {
     fail(e.what());
     return nullptr;
   }
+}
+
+// The op to call through `handle`, found again if its definition went since;
+// null, with the failure recorded, if it is gone or has another schema now.
+const c10::OperatorHandle* current_op(OpHandle& handle) {
+  if (C10_LIKELY(!handle.stale.load(std::memory_order_acquire))) {
+    return &handle.op;
+  }
+  const auto& name = handle.schema.operator_name();
+  auto found = c10::Dispatcher::singleton().findSchema(name);
+  std::ostringstream problem;
+  if (!found) {
+    problem << name << " is no longer defined (its library went away after "
+            << "this graph was compiled)";
+  } else if (!(found->schema() == handle.schema)) {
+    problem << name << " was defined again as `" << found->schema()
+            << "`, not as `" << handle.schema
+            << "`, which this graph was compiled for";
+  } else {
+    std::lock_guard<std::mutex> lock(op_handles_mutex);
+    handle.op = *found;
+    handle.stale.store(false, std::memory_order_release);
+    return &handle.op;
+  }
+  fail(problem.str());
+  return nullptr;
 }
 
 using Stack = std::vector<c10::IValue>;
@@ -582,14 +636,18 @@ void push_tensor_list(void* s, const void* const* slots, int64_t n, int32_t opti
 }
 
 int call_boxed(void* op, void* s) {
-  auto& handle = static_cast<OpHandle*>(op)->op;
+  auto& handle = *static_cast<OpHandle*>(op);
   try {
-    handle.callBoxed(stack_at(s));
+    const c10::OperatorHandle* current = current_op(handle);
+    if (current == nullptr) {
+      return -1;
+    }
+    current->callBoxed(stack_at(s));
     return 0;
   } catch (...) {
     // The op's own exception is kept: a custom op's ValueError, or
     // linalg's LinAlgError, reaches Python as itself.
-    return fail_with_current(handle.schema().name() + ": ");
+    return fail_with_current(handle.schema.name() + ": ");
   }
 }
 

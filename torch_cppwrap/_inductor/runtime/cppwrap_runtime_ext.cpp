@@ -470,17 +470,27 @@ struct OpHandle {
   std::atomic<bool> stale{false};
 };
 
-std::mutex op_handles_mutex;
-// Every handle made, never freed: the modules holding them stay loaded.
-std::vector<OpHandle*> op_handles;
+// Every handle made.  Never freed, nor the list: the modules holding the
+// handles stay loaded, and libraries still deregister ops, calling the
+// listener, while the process's static objects are destroyed at exit.
+struct OpHandles {
+  std::mutex mutex;
+  std::vector<OpHandle*> all;
+};
+
+OpHandles& op_handles() {
+  static auto* handles = new OpHandles();
+  return *handles;
+}
 
 class StaleOpHandles final : public c10::OpRegistrationListener {
  public:
   void onOperatorRegistered(const c10::OperatorHandle& /*op*/) override {}
   // Called while the op is still in the dispatcher, before its entry goes.
   void onOperatorDeregistered(const c10::OperatorHandle& op) override {
-    std::lock_guard<std::mutex> lock(op_handles_mutex);
-    for (OpHandle* handle : op_handles) {
+    auto& handles = op_handles();
+    std::lock_guard<std::mutex> lock(handles.mutex);
+    for (OpHandle* handle : handles.all) {
       if (handle->schema.operator_name() == op.operator_name()) {
         handle->stale.store(true, std::memory_order_release);
       }
@@ -495,8 +505,9 @@ void* find_op(const char* name, const char* overload) {
         dispatcher.addRegistrationListener(std::make_unique<StaleOpHandles>()));
     (void)listening;
     auto handle = std::make_unique<OpHandle>(dispatcher.findSchemaOrThrow(name, overload));
-    std::lock_guard<std::mutex> lock(op_handles_mutex);
-    op_handles.push_back(handle.get());
+    auto& handles = op_handles();
+    std::lock_guard<std::mutex> lock(handles.mutex);
+    handles.all.push_back(handle.get());
     return handle.release();
   } catch (const std::exception& e) {
     fail(e.what());
@@ -521,7 +532,7 @@ const c10::OperatorHandle* current_op(OpHandle& handle) {
             << "`, not as `" << handle.schema
             << "`, which this graph was compiled for";
   } else {
-    std::lock_guard<std::mutex> lock(op_handles_mutex);
+    std::lock_guard<std::mutex> lock(op_handles().mutex);
     handle.op = *found;
     handle.stale.store(false, std::memory_order_release);
     return &handle.op;

@@ -304,6 +304,47 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
         self.assertEqual(counters["inductor"]["cppwrap_python_wrapper_fallback"], 1)
         self.assertIn("def call(", source)
 
+    def test_torchbind_object_arguments_fall_back(self) -> None:
+        # A TorchBind object lifted into the graph is an IR node like a
+        # tensor's; passed to an op as a tensor, the call failed with a
+        # TypeError.  Upstream's C++ wrapper fails the compile; ours steps
+        # aside for the Python wrapper, which passes the object.
+        from torch._higher_order_ops.torchbind import enable_torchbind_tracing
+        from torch.testing._internal.torchbind_impls import (
+            init_torchbind_implementations,
+        )
+
+        try:
+            init_torchbind_implementations()
+        except Exception as error:  # the test library is not in every build
+            self.skipTest(f"torch's TorchBind test classes: {error}")
+
+        class Model(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.attr = torch.classes._TorchScriptTesting._Foo(10, 20)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return x + torch.ops._TorchScriptTesting.takes_foo(self.attr, x + 1)
+
+        x = torch.ones(2, 3)
+        with enable_torchbind_tracing():
+            module = torch.export.export(Model(), (x,), strict=False).module()
+        expected = Model()(x)
+        counters.clear()
+        with torch_cppwrap.config.patch(strict=False):
+            result, (source,) = torch._inductor.utils.run_and_get_code(
+                torch._inductor.compile, module, (x,)
+            )
+        self.assertEqual(result(x), expected)
+        self.assertEqual(counters["inductor"]["cppwrap_python_wrapper_fallback"], 1)
+        self.assertIn("def call(", source)
+        with (
+            torch_cppwrap.config.patch(strict=True),
+            self.assertRaisesRegex(Exception, "TorchBind object arguments"),
+        ):
+            torch._inductor.compile(module, (x,))
+
     def test_strict_mode_raises(self) -> None:
         with (
             torch_cppwrap.config.patch(strict=True),

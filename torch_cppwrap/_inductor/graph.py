@@ -102,6 +102,19 @@ def tune_at_compile_time(
     return get_cpp_wrapper_config
 
 
+def _real_script_objects(graph: Any) -> None:
+    """Puts real TorchBind objects back where ``compile_fx`` swapped in fakes
+    for the C++ wrapper's compile (``_fakify_script_objects``): the Python
+    wrapper's module binds the graph's objects and calls ops with them.  A
+    fake's real object is the copy ``compile_fx`` made of the user's, so an
+    op that changes an object's state changes that copy."""
+    from torch._library.fake_class_registry import FakeScriptObject
+
+    for name, value in graph.torchbind_constants.items():
+        if isinstance(value, FakeScriptObject):
+            graph.torchbind_constants[name] = value.real_obj
+
+
 def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:
     """Wraps ``GraphLowering._compile_to_module``."""
 
@@ -125,6 +138,7 @@ def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:
             )
             counters["inductor"]["cppwrap_python_wrapper_fallback"] += 1
         _reset_for_codegen(graph)
+        _real_script_objects(graph)
         graph.cpp_wrapper = False
         try:
             with inductor_config.patch(cpp_wrapper=False):

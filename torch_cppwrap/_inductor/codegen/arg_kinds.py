@@ -229,6 +229,15 @@ def kind_of(type_: Any, val: Any) -> ArgKind | None:
     when neither its schema type nor its value says."""
     if kind := schema_kind(type_):
         return kind
+    if isinstance(val, ir.TorchBindObject) or (
+        type_ is not None and type_.kind() == "ClassType"
+    ):
+        # A script object is not a tensor, though its IR node is an IRNode;
+        # the graph falls back to the Python wrapper, which passes it.
+        raise NotImplementedError(
+            f"torch_cppwrap: TorchBind object arguments ({type_ or type(val).__name__}) "
+            "are not supported"
+        )
     if isinstance(type_, torch.NumberType):
         return _by_class(_SCALAR_BY_VALUE_TYPE, val) or SCALAR
     if isinstance(val, ir.IRNode):

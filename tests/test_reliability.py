@@ -286,6 +286,45 @@ class TestRedefinedOps(CppWrapperTestCase):
         self.assertIn("same schema: True", lines)
 
 
+class TestFrozenConstants(CppWrapperTestCase):
+    def test_one_graph_frozen_with_other_weights_keeps_its_own(self) -> None:
+        # Under freezing, weights are the graph's constants, which a graph
+        # module keeps in its library's statics.  Two models of one shape
+        # make one graph: the second compile is an FX graph cache hit whose
+        # module binds other constants.  Loaded from the library mapped for
+        # the first, it computed with the first model's weights (PyTorch's
+        # test_codecache.py, test_freezing, cpp_wrapper on), and clearing
+        # the in-process caches in between did not help.
+        class MatMul(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.weight = torch.nn.Parameter(torch.rand(8, 8, dtype=torch.float16))
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return x @ self.weight
+
+        def model() -> torch.nn.Module:
+            return MatMul().eval()
+
+        first, second = model(), model()
+        x = torch.rand(8, 8, dtype=torch.float16)
+        counters.clear()
+        with (
+            config.patch(cpp_wrapper=True, freezing=True, fx_graph_cache=True),
+            torch.no_grad(),
+        ):
+            compiled_first = torch.compile(first)
+            torch.testing.assert_close(compiled_first(x), first(x))
+            torch._dynamo.reset()
+            clear_caches()
+            compiled_second = torch.compile(second)
+            torch.testing.assert_close(compiled_second(x), second(x))
+            # Each keeps its own weights, called in turn.
+            torch.testing.assert_close(compiled_first(x), first(x))
+            torch.testing.assert_close(compiled_second(x), second(x))
+        self.assertGreaterEqual(counters["inductor"]["fxgraph_cache_hit"], 1)
+
+
 class TestClearedCodeCache(CppWrapperTestCase):
     def test_a_graph_compiled_again_runs_its_own_code(self) -> None:
         # Inductor clears the in-process caches (clear_caches()) in

@@ -376,6 +376,30 @@ def _load_extension(module_name: str, path: Path) -> ModuleType:
     return module
 
 
+# Every graph library this process has mapped, for as long as it lives (the
+# dynamic loader keeps them mapped; clearing the code cache's memo does not).
+_mapped: set[Path] = set()
+
+
+def _load_private_copy(graph: GraphBuild) -> ModuleType:
+    """Loads a graph module from a copy of its library: the dynamic loader
+    maps a file it has mapped already (by device and inode) only once, and
+    a copy is another file, with statics of its own.  The copy is removed
+    once mapped."""
+    path = graph.module_path
+    fd, copy = tempfile.mkstemp(
+        prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent
+    )
+    try:
+        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+            shutil.copyfileobj(src, out)
+        module = _load_extension("cppwrap_graph", Path(copy))
+    finally:
+        os.unlink(copy)
+    module.__cppwrap_source_dir__ = str(graph.directory)  # type: ignore[attr-defined]
+    return module
+
+
 # ---------------------------------------------------------------------------
 # Builds, as cpp_builder expresses them
 # ---------------------------------------------------------------------------
@@ -1273,10 +1297,17 @@ class CppWrapperCodeCache:
         *,
         device_type: str = "cpu",
         launchers: Sequence[str] = (),
+        binds_constants: bool = False,
     ) -> ModuleType:
         """Returns the extension module built from the sources: the wrapper,
         Inductor's C++ kernels and the definitions of a CUDA graph's Triton
-        kernel launchers (grouped into translation units here)."""
+        kernel launchers (grouped into translation units here).
+
+        A module that binds constants keeps them, as it keeps all its state,
+        in the library's statics; so where the same sources were loaded in
+        this process already (an FX graph cache hit: the same graph, frozen
+        with other weights), it is loaded from a copy of the library, whose
+        statics are its own."""
         if device_type not in DEVICE_DEFINITIONS:
             raise NotImplementedError(
                 f"torch_cppwrap: no C++ wrapper build for {device_type!r}"
@@ -1284,6 +1315,9 @@ class CppWrapperCodeCache:
         graph = GraphBuild(wrapper_source, kernel_source, device_type, launchers)
         with cls._lock:
             module = cls.cache.get(graph.key)
+        if binds_constants and (module is not None or graph.module_path in _mapped):
+            # Mapped in this process already: its statics are taken.
+            return _load_private_copy(graph)
         if module is not None:
             return module
 
@@ -1311,5 +1345,6 @@ class CppWrapperCodeCache:
         # name keeps the precompiled header valid); the path tells them apart,
         # and multi-phase initialisation gives each load a module of its own.
         module = _load_extension("cppwrap_graph", graph.module_path)
+        _mapped.add(graph.module_path)
         module.__cppwrap_source_dir__ = str(graph.directory)  # type: ignore[attr-defined]
         return module

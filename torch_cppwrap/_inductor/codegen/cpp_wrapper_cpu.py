@@ -1428,6 +1428,8 @@ class CppWrapperCpu(PythonWrapperCodegen):
                 result.writeline("''',")
             result.writeline("]")
             load_args += ", launchers=launcher_src"
+        if self.constant_names:
+            load_args += ", binds_constants=True"
         result.splice(
             f"""
 

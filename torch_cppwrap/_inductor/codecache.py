@@ -393,9 +393,16 @@ def _load_private_copy(graph: GraphBuild) -> ModuleType:
     try:
         with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
             shutil.copyfileobj(src, out)
-        module = _load_extension("cppwrap_graph", Path(copy))
+        return _load_graph_module(graph, Path(copy))
     finally:
         os.unlink(copy)
+
+
+def _load_graph_module(graph: GraphBuild, path: Path) -> ModuleType:
+    # Every wrapper module's initialiser is PyInit_cppwrap_graph (a fixed
+    # name keeps the precompiled header valid); the path tells them apart,
+    # and multi-phase initialisation gives each load a module of its own.
+    module = _load_extension("cppwrap_graph", path)
     module.__cppwrap_source_dir__ = str(graph.directory)  # type: ignore[attr-defined]
     return module
 
@@ -1341,10 +1348,6 @@ class CppWrapperCodeCache:
             with _alongside(RuntimeExtension.load):
                 ensure_built(graph.module_path, graph.key, name, graph.build)
             RuntimeExtension.check_matches(graph.runtime_digest)
-        # Every wrapper module's initialiser is PyInit_cppwrap_graph (a fixed
-        # name keeps the precompiled header valid); the path tells them apart,
-        # and multi-phase initialisation gives each load a module of its own.
-        module = _load_extension("cppwrap_graph", graph.module_path)
+        module = _load_graph_module(graph, graph.module_path)
         _mapped.add(graph.module_path)
-        module.__cppwrap_source_dir__ = str(graph.directory)  # type: ignore[attr-defined]
         return module

@@ -216,8 +216,6 @@ class CppWrapperTestCase(TestCase):
 IDENTITY_SOURCE = """
 #include "cppwrap_runtime.h"
 
-CPPWRAP_MODULE_STATE()
-
 static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {
     if (!cppwrap::check_args(args, 1)) return nullptr;
     cppwrap::Tensor x;

@@ -149,8 +149,8 @@ class TestCodeCache(TestCase):
         import torch
 
         wrapper = IDENTITY_SOURCE.replace(
-            "CPPWRAP_MODULE_STATE()",
-            "CPPWRAP_MODULE_STATE()\n" + LAUNCHER_DECLARATION,
+            '#include "cppwrap_runtime.h"\n',
+            '#include "cppwrap_runtime.h"\n' + LAUNCHER_DECLARATION,
         ).replace(
             "    cppwrap::clear_args(args);\n",
             "    cppwrap::clear_args(args);\n    if (launched(41) != 42) return nullptr;\n",
@@ -192,8 +192,8 @@ class TestCodeCache(TestCase):
                     len(codecache.launcher_units(others[:count], "cpu")), units
                 )
             wrapper = IDENTITY_SOURCE.replace(
-                "CPPWRAP_MODULE_STATE()",
-                "CPPWRAP_MODULE_STATE()\n" + LAUNCHER_DECLARATION,
+                '#include "cppwrap_runtime.h"\n',
+                '#include "cppwrap_runtime.h"\n' + LAUNCHER_DECLARATION,
             ).replace(
                 "    cppwrap::clear_args(args);\n",
                 "    cppwrap::clear_args(args);\n    if (launched(1) != 2) return nullptr;\n",

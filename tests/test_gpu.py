@@ -332,7 +332,7 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         x = torch.randn(32, 256, device="cuda")
         with torch.no_grad():
             compiled, module, source = self.compile_module(model, (x,))
-            self.assertIn("static cppwrap::cuda::GraphReplays cuda_graphs(", source)
+            self.assertIn("return new cppwrap::cuda::GraphReplays(", source)
             # The compile ran call 1; call 2 captures.
             self.assertEqual(module.cuda_graph_state(), "capture")
             outs = []
@@ -532,6 +532,33 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         self.assertEqual((stats["state"], stats["recaptures"]), ("ready", 1), stats)
         (stats,) = other_module.cuda_graph_stats()
         self.assertEqual((stats["state"], stats["replays"]), ("ready", 5), stats)
+
+    def test_graphs_frozen_with_other_weights_replay_their_own(self) -> None:
+        # Under freezing the weights are constants: two models of one shape
+        # make the same source, one library, loaded as two modules; each
+        # binds its constants and captures its own replays, which read them
+        # (cppwrap::ModuleState).
+        models = [torch.nn.Linear(32, 32).cuda().eval() for _ in range(2)]
+        x = torch.randn(8, 32, device="cuda")
+        with config.patch(freezing=True), torch.no_grad():
+            compiled, modules, sources = [], [], []
+            for model in models:
+                run, module, source = self.compile_module(model, (x,))
+                for _ in range(3):
+                    self.assertEqual(run(x), model(x), atol=1e-3, rtol=1e-3)
+                compiled.append(run)
+                modules.append(module)
+                sources.append(source)
+            self.assertEqual(sources[0], sources[1])
+            self.assertIsNot(modules[0], modules[1])
+            # Called in turn, each replays with its own weights.
+            for _ in range(2):
+                for run, model in zip(compiled, models):
+                    self.assertEqual(run(x), model(x), atol=1e-3, rtol=1e-3)
+        for module in modules:
+            (stats,) = module.cuda_graph_stats()
+            self.assertEqual(stats["state"], "ready", stats)
+            self.assertGreaterEqual(stats["replays"], 3, stats)
 
     def test_capture_runs_the_kernels_in_cpp_at_each_yield(self) -> None:
         # The capture coroutine never calls into the module: C++ runs the

@@ -497,8 +497,6 @@ LOAN_SOURCE = """
 #include <cstring>
 #include "cppwrap_runtime.h"
 
-CPPWRAP_MODULE_STATE()
-
 static int64_t copies = 0;
 static int stream = 0;  // stands in for the stream the pool serves
 
@@ -597,7 +595,6 @@ class TestLauncherCompiles(TestCase):
             source = "\n".join(
                 [
                     *includes,
-                    "CPPWRAP_MODULE_STATE()",
                     gpu.launcher_prototype("triton_poi_fused_add_0", SIGNATURE) + ";",
                     "static PyObject* call_impl(PyObject*, PyObject*) {",
                     "  cppwrap::Tensor a, b, c;",
@@ -681,7 +678,7 @@ class TestLauncherCompiles(TestCase):
             )
             draws = "true" if random_nodes else "false"
             self.assertIn(
-                "static cppwrap::cuda::GraphReplays cuda_graphs(3, 1, "
+                "    return new cppwrap::cuda::GraphReplays(3, 1, "
                 f"{{{', '.join(map(str, keys))}}}, {n_graphs}, /*draws_random=*/{draws});",
                 opening,
             )
@@ -700,7 +697,7 @@ class TestLauncherCompiles(TestCase):
                 )
             # The first two calls go through cuda_graphs (warm-up, capture).
             self.assertIn(
-                "        PyObject* outputs = cuda_graph->prepare(args, run_kernels);",
+                "        PyObject* outputs = cuda_graph->prepare(graph_module, args, run_kernels);",
                 opening,
             )
             self.assertIn(
@@ -713,7 +710,6 @@ class TestLauncherCompiles(TestCase):
             source = "\n".join(
                 [
                     f'#include "{codecache.WRAPPER_HEADERS["cuda"]}"',
-                    "CPPWRAP_MODULE_STATE()",
                     *opening,
                     "  if (!cppwrap::check_args(args, 3)) return nullptr;",
                     "  cppwrap::Tensor arg0_1;",

@@ -288,13 +288,13 @@ class TestRedefinedOps(CppWrapperTestCase):
 
 class TestFrozenConstants(CppWrapperTestCase):
     def test_one_graph_frozen_with_other_weights_keeps_its_own(self) -> None:
-        # Under freezing, weights are the graph's constants, which a graph
-        # module keeps in its library's statics.  Two models of one shape
-        # make one graph: the second compile is an FX graph cache hit whose
-        # module binds other constants.  Loaded from the library mapped for
-        # the first, it computed with the first model's weights (PyTorch's
-        # test_codecache.py, test_freezing, cpp_wrapper on), and clearing
-        # the in-process caches in between did not help.
+        # Under freezing, weights are the graph's constants.  Two models of
+        # one shape make one graph: the second compile is an FX graph cache
+        # hit whose module binds other constants.  Kept in the library's
+        # statics (before 9066113), they were the first model's (PyTorch's
+        # test_codecache.py, test_freezing, cpp_wrapper on), even with the
+        # in-process caches cleared in between; each module keeps its own
+        # now (cppwrap::ModuleState).
         class MatMul(torch.nn.Module):
             def __init__(self) -> None:
                 super().__init__()

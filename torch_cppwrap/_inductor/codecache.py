@@ -376,32 +376,11 @@ def _load_extension(module_name: str, path: Path) -> ModuleType:
     return module
 
 
-# Every graph library this process has mapped, for as long as it lives (the
-# dynamic loader keeps them mapped; clearing the code cache's memo does not).
-_mapped: set[Path] = set()
-
-
-def _load_private_copy(graph: GraphBuild) -> ModuleType:
-    """Loads a graph module from a copy of its library: the dynamic loader
-    maps a file it has mapped already (by device and inode) only once, and
-    a copy is another file, with statics of its own.  The copy is removed
-    once mapped."""
-    path = graph.module_path
-    fd, copy = tempfile.mkstemp(
-        prefix=f".{path.stem}-", suffix=path.suffix, dir=path.parent
-    )
-    try:
-        with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
-            shutil.copyfileobj(src, out)
-        return _load_graph_module(graph, Path(copy))
-    finally:
-        os.unlink(copy)
-
-
 def _load_graph_module(graph: GraphBuild, path: Path) -> ModuleType:
     # Every wrapper module's initialiser is PyInit_cppwrap_graph (a fixed
     # name keeps the precompiled header valid); the path tells them apart,
-    # and multi-phase initialisation gives each load a module of its own.
+    # and multi-phase initialisation gives each load a module of its own,
+    # with state of its own (cppwrap::ModuleState).
     module = _load_extension("cppwrap_graph", path)
     module.__cppwrap_source_dir__ = str(graph.directory)  # type: ignore[attr-defined]
     return module
@@ -1310,11 +1289,10 @@ class CppWrapperCodeCache:
         Inductor's C++ kernels and the definitions of a CUDA graph's Triton
         kernel launchers (grouped into translation units here).
 
-        A module that binds constants keeps them, as it keeps all its state,
-        in the library's statics; so where the same sources were loaded in
-        this process already (an FX graph cache hit: the same graph, frozen
-        with other weights), it is loaded from a copy of the library, whose
-        statics are its own."""
+        A module that binds constants keeps them in its module state; where
+        the same sources were loaded already (an FX graph cache hit: the same
+        graph, frozen with other weights), the library is loaded again as
+        another module, which binds its own."""
         if device_type not in DEVICE_DEFINITIONS:
             raise NotImplementedError(
                 f"torch_cppwrap: no C++ wrapper build for {device_type!r}"
@@ -1322,10 +1300,9 @@ class CppWrapperCodeCache:
         graph = GraphBuild(wrapper_source, kernel_source, device_type, launchers)
         with cls._lock:
             module = cls.cache.get(graph.key)
-        if binds_constants and (module is not None or graph.module_path in _mapped):
-            # Mapped in this process already: its statics are taken.
-            return _load_private_copy(graph)
         if module is not None:
+            if binds_constants:
+                return _load_graph_module(graph, graph.module_path)
             return module
 
         # Timed as Inductor times its own phases (compile_times(), tlparse):
@@ -1348,6 +1325,4 @@ class CppWrapperCodeCache:
             with _alongside(RuntimeExtension.load):
                 ensure_built(graph.module_path, graph.key, name, graph.build)
             RuntimeExtension.check_matches(graph.runtime_digest)
-        module = _load_graph_module(graph, graph.module_path)
-        _mapped.add(graph.module_path)
-        return module
+        return _load_graph_module(graph, graph.module_path)

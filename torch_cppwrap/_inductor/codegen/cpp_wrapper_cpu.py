@@ -194,8 +194,6 @@ class CppWrapperCpu(PythonWrapperCodegen):
             self.header.writeline(line)
         self.header.writeline(f'#include "{self.runtime_header}"')
         self.header.writeline("")
-        self.header.writeline("CPPWRAP_MODULE_STATE()")
-        self.header.writeline("")
 
     def write_constant(self, name: str, hashed: str) -> None:
         # Listed once the code is generated (see `constant_names`).
@@ -282,17 +280,19 @@ class CppWrapperCpu(PythonWrapperCodegen):
         if constant_names:
             names = ", ".join(spell.string_literal(n) for n in constant_names)
             code.writeline(f"static const char* const constant_names[] = {{{names}}};")
-            code.writeline("static cppwrap::Tensor* constants = nullptr;")
         code.writeline("")
         for line in self.call_opening():
             code.writeline(line)
         with code.indent():
             code.splice(self.entry)
             if constant_names:
+                # Kept in the module's state: each load of the library binds
+                # its own (cppwrap::ModuleState).
                 code.writeline(
-                    "if (!cppwrap::load_constants(cppwrap_constants_ns, constant_names, "
-                    f"{len(constant_names)}, constants)) return nullptr;"
+                    "const cppwrap::Tensor* const constants = cppwrap::load_constants("
+                    f"graph_module, constant_names, {len(constant_names)});"
                 )
+                code.writeline("if (constants == nullptr) return nullptr;")
                 for index, name in enumerate(constant_names):
                     code.writeline(
                         f"const cppwrap::Tensor& {name} = constants[{index}];"
@@ -319,7 +319,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
     # METH_O `call_impl` that runs the body.
     def call_opening(self) -> list[str]:
         """The entry function's first lines, up to unpacking the inputs."""
-        return ["static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {"]
+        return ["static PyObject* call_impl(PyObject* graph_module, PyObject* args) {"]
 
     def body_opening(self) -> list[str]:
         """Lines after the input checks that open a block around the body."""

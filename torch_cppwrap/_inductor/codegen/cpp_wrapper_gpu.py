@@ -729,23 +729,27 @@ class CppWrapperGpu(CppWrapperCpu):
             ]
         return [
             *lines,
-            f"static cppwrap::cuda::GraphReplays cuda_graphs({n_inputs}, "
+            "// Each module (each load of this library) replays its own graphs.",
+            "static cppwrap::cuda::GraphReplays* make_cuda_graphs() {",
+            f"    return new cppwrap::cuda::GraphReplays({n_inputs}, "
             f"{len(self._tensor_outputs())}, {{{', '.join(map(str, keys))}}}, "
             f"{self.max_cuda_graphs}, "
             f"/*draws_random=*/{'true' if self.draws_random_numbers else 'false'});",
-            "",
-            "static PyObject* run(PyObject* args, bool replayable);",
-            "",
-            "// The kernels one by one, never a replay: what a warm-up or capture runs.",
-            "static PyObject* run_kernels(PyObject* args) {",
-            "    return run(args, false);",
             "}",
             "",
-            "static PyObject* run(PyObject* args, bool replayable) {",
-            "    cppwrap::cuda::GraphReplay* const cuda_graph =",
-            "        replayable ? cuda_graphs.select(args) : nullptr;",
+            "static PyObject* run(PyObject* graph_module, PyObject* args, bool replayable);",
+            "",
+            "// The kernels one by one, never a replay: what a warm-up or capture runs.",
+            "static PyObject* run_kernels(PyObject* graph_module, PyObject* args) {",
+            "    return run(graph_module, args, false);",
+            "}",
+            "",
+            "static PyObject* run(PyObject* graph_module, PyObject* args, bool replayable) {",
+            "    cppwrap::cuda::GraphReplay* const cuda_graph = replayable",
+            "        ? cppwrap::cuda::graph_replays(graph_module).select(args)",
+            "        : nullptr;",
             "    if (cuda_graph != nullptr && cuda_graph->should_prepare()) {",
-            "        PyObject* outputs = cuda_graph->prepare(args, run_kernels);",
+            "        PyObject* outputs = cuda_graph->prepare(graph_module, args, run_kernels);",
             "        if (outputs != Py_None) return outputs;",
             "        Py_DECREF(outputs);",
             "    }",
@@ -755,11 +759,12 @@ class CppWrapperGpu(CppWrapperCpu):
         if self.cuda_graph_blocker is not None:
             return super().module_definition()
         return [
-            "static PyObject* call_impl(PyObject* /*module*/, PyObject* args) {",
-            "    return run(args, true);",
+            "static PyObject* call_impl(PyObject* graph_module, PyObject* args) {",
+            "    return run(graph_module, args, true);",
             "}",
             "",
-            'CPPWRAP_CUDA_DEFINE_GRAPH_MODULE("Inductor graph compiled by torch_cppwrap")',
+            'CPPWRAP_CUDA_DEFINE_GRAPH_MODULE("Inductor graph compiled by torch_cppwrap", '
+            "make_cuda_graphs)",
         ]
 
     def write_get_raw_stream(self, device_idx: int, graph_name: str) -> str:

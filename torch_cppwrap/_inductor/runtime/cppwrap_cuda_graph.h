@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "cppwrap_cuda.h"
@@ -78,6 +79,11 @@ class GraphReplay {
         outputs_(n_outputs) {}
   GraphReplay(const GraphReplay&) = delete;
   GraphReplay& operator=(const GraphReplay&) = delete;
+  // With the GIL (its module is being freed).  What a replay lent stays
+  // with its holders: each loan keeps its block.
+  ~GraphReplay() {
+    Py_XDECREF(graph_);
+  }
 
   State state() const {
     return static_cast<State>(state_.load(std::memory_order_acquire));
@@ -181,19 +187,20 @@ class GraphReplay {
   // Runs the graph's kernels one by one on a list of inputs (the module's
   // entry point without a replay): a new reference to the outputs, or nullptr
   // with an exception set.
-  using RunKernels = PyObject* (*)(PyObject* args);
+  using RunKernels = PyObject* (*)(PyObject* module, PyObject* args);
 
   // The 1st and the 2nd call, with the GIL: the warm-up, or the capture and
   // the install.  Returns the call's outputs (a new reference), Py_None (new
   // reference) when the call should run the kernels itself, or nullptr with
   // an exception set.
-  PyObject* prepare(PyObject* args, RunKernels run_kernels) {
+  PyObject* prepare(PyObject* module, PyObject* args, RunKernels run_kernels) {
     if (!api->graph_pool_take()) {
       // Another warm-up or capture holds the pool (maybe the one this call
       // runs inside): this call runs kernel by kernel, a later one prepares.
       return Py_NewRef(Py_None);
     }
-    PyObject* outputs = state() == kWarmup ? warm_up(args, run_kernels) : capture(args, run_kernels);
+    const Kernels kernels{module, run_kernels};
+    PyObject* outputs = state() == kWarmup ? warm_up(args, kernels) : capture(args, kernels);
     api->graph_pool_give();
     return outputs;
   }
@@ -504,6 +511,12 @@ class GraphReplay {
     void (*give_back_)();
   };
 
+  // The module's kernels one by one, as prepare() was given them.
+  struct Kernels {
+    PyObject* module;
+    RunKernels run;
+  };
+
   // Holds the GIL in a block of a call that released it.
   struct GilHold {
     GilHold() : state_(PyGILState_Ensure()) {}
@@ -519,7 +532,7 @@ class GraphReplay {
   // the inputs' addresses, the anchor's index or -1); None when the graph is
   // not to be captured; or False when not on this call's inputs (a later
   // call warms up instead).
-  PyObject* warm_up(PyObject* args, RunKernels run_kernels) {
+  PyObject* warm_up(PyObject* args, const Kernels& kernels) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (state() != kWarmup) {
@@ -527,7 +540,7 @@ class GraphReplay {
       }
       state_.store(kCapturing, std::memory_order_release);
     }
-    PyObject* result = run_steps("warm_up", Py_BuildValue("(O)", args), run_kernels);
+    PyObject* result = run_steps("warm_up", Py_BuildValue("(O)", args), kernels);
     // A failed run (a bad input, say) raises as it would have, and the next
     // call warms up again.
     State next = kWarmup;
@@ -569,7 +582,7 @@ class GraphReplay {
   // The 2nd call: cuda_graphs.capture(args, first input addresses, whether
   // the graph draws random numbers) returns (this call's outputs, what
   // install takes), or None, or False as warm_up does.
-  PyObject* capture(PyObject* args, RunKernels run_kernels) {
+  PyObject* capture(PyObject* args, const Kernels& kernels) {
     PyObject* replaced = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -607,7 +620,7 @@ class GraphReplay {
         Py_BuildValue(
             "(ONOK)", args, ptrs, draws_random_ ? Py_True : Py_False,
             static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(this))),
-        run_kernels);
+        kernels);
     PyObject* outputs = nullptr;
     if (result == Py_None) {
       outputs = result;
@@ -649,7 +662,7 @@ class GraphReplay {
   // yields (a list of inputs) the kernels run on it, and their outputs are
   // sent back; a failed run is thrown in instead.  Returns what the
   // coroutine returned, or nullptr with an exception set.
-  PyObject* run_steps(const char* name, PyObject* call_args, RunKernels run_kernels) {
+  PyObject* run_steps(const char* name, PyObject* call_args, const Kernels& kernels) {
     if (call_args == nullptr) {
       return nullptr;
     }
@@ -677,7 +690,7 @@ class GraphReplay {
         result = yielded;  // the return value, or nullptr on an exception
         break;
       }
-      sent = run_kernels(yielded);
+      sent = kernels.run(kernels.module, yielded);
       Py_DECREF(yielded);
       if (sent == nullptr) {
         PyObject* type = nullptr;
@@ -899,55 +912,84 @@ class GraphReplays {
   std::vector<int64_t> scratch_;
 };
 
+// A graph module's replays, in its state (made by its exec slot).
+inline GraphReplays& graph_replays(PyObject* module) {
+  return *static_cast<GraphReplays*>(module_state(module).device);
+}
+
+// The exec slot of a replayable graph's module: its replays are its own.
+template <GraphReplays* (*make)()>
+int exec_graph_module(PyObject* module) {
+  ModuleState& state = module_state(module);
+  try {
+    state.device = make();
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  state.release_device = [](void* replays) { delete static_cast<GraphReplays*>(replays); };
+  return 0;
+}
+
+inline const char* graph_state_name(const GraphReplay& replay) {
+  static const char* const names[] = {"warmup", "capture", "capturing", "ready", "off"};
+  return names[replay.state()];
+}
+
+// The module's cuda_graph_state(): the first graph's.
+inline PyObject* graph_state(PyObject* module, PyObject*) {
+  return PyUnicode_FromString(graph_state_name(graph_replays(module).at(0)));
+}
+
+// The module's cuda_graph_states(): one per set of sizes.
+inline PyObject* graph_states(PyObject* module, PyObject*) {
+  const GraphReplays& replays = graph_replays(module);
+  PyObject* states = PyList_New(static_cast<Py_ssize_t>(replays.size()));
+  for (size_t i = 0; states != nullptr && i < replays.size(); ++i) {
+    PyList_SET_ITEM(states, static_cast<Py_ssize_t>(i), PyUnicode_FromString(graph_state_name(replays.at(i))));
+  }
+  return states;
+}
+
+// The module's cuda_graph_stats(): each graph's state and GraphReplay::Stats.
+inline PyObject* graph_stats(PyObject* module, PyObject*) {
+  const GraphReplays& replays = graph_replays(module);
+  PyObject* all = PyList_New(static_cast<Py_ssize_t>(replays.size()));
+  for (size_t i = 0; all != nullptr && i < replays.size(); ++i) {
+    const GraphReplay::Stats s = replays.at(i).stats();
+    PyObject* one = Py_BuildValue(
+        "{s:s,s:L,s:L,s:L,s:L}", "state", graph_state_name(replays.at(i)), "replays",
+        static_cast<long long>(s.replays), "missed", static_cast<long long>(s.missed),
+        "recaptures", static_cast<long long>(s.recaptures), "declines",
+        static_cast<long long>(s.declines));
+    if (one == nullptr) {
+      Py_DECREF(all);
+      return nullptr;
+    }
+    PyList_SET_ITEM(all, static_cast<Py_ssize_t>(i), one);
+  }
+  return all;
+}
+
 }  // namespace cuda
 }  // namespace cppwrap
 
 // The module definition of a CUDA graph that may be replayed as one CUDA
-// graph: `call`, `cuda_graph_state` and `cuda_graph_states`.  Expects a
-// `cppwrap::cuda::GraphReplays cuda_graphs` defined.
-#define CPPWRAP_CUDA_DEFINE_GRAPH_MODULE(doc)                                   \
-  static const char* cppwrap_graph_state_name(size_t i) {                       \
-    static const char* const names[] = {                                        \
-        "warmup", "capture", "capturing", "ready", "off"};                      \
-    return names[cuda_graphs.at(i).state()];                                    \
-  }                                                                             \
-  static PyObject* cppwrap_graph_state(PyObject*, PyObject*) {                  \
-    return PyUnicode_FromString(cppwrap_graph_state_name(0));                   \
-  }                                                                             \
-  static PyObject* cppwrap_graph_states(PyObject*, PyObject*) {                 \
-    PyObject* states = PyList_New(static_cast<Py_ssize_t>(cuda_graphs.size())); \
-    for (size_t i = 0; states != nullptr && i < cuda_graphs.size(); ++i) {      \
-      PyList_SET_ITEM(                                                          \
-          states, static_cast<Py_ssize_t>(i),                                   \
-          PyUnicode_FromString(cppwrap_graph_state_name(i)));                   \
-    }                                                                           \
-    return states;                                                              \
-  }                                                                             \
-  static PyObject* cppwrap_graph_stats(PyObject*, PyObject*) {                  \
-    PyObject* all = PyList_New(static_cast<Py_ssize_t>(cuda_graphs.size()));    \
-    for (size_t i = 0; all != nullptr && i < cuda_graphs.size(); ++i) {         \
-      const cppwrap::cuda::GraphReplay::Stats s = cuda_graphs.at(i).stats();    \
-      PyObject* one = Py_BuildValue(                                            \
-          "{s:s,s:L,s:L,s:L,s:L}", "state", cppwrap_graph_state_name(i),        \
-          "replays", static_cast<long long>(s.replays), "missed",               \
-          static_cast<long long>(s.missed), "recaptures",                       \
-          static_cast<long long>(s.recaptures), "declines",                     \
-          static_cast<long long>(s.declines));                                  \
-      if (one == nullptr) {                                                     \
-        Py_DECREF(all);                                                         \
-        return nullptr;                                                         \
-      }                                                                         \
-      PyList_SET_ITEM(all, static_cast<Py_ssize_t>(i), one);                    \
-    }                                                                           \
-    return all;                                                                 \
-  }                                                                             \
-  CPPWRAP_DEFINE_MODULE_WITH_METHODS(                                           \
+// graph: `call`, `cuda_graph_state`, `cuda_graph_states` and
+// `cuda_graph_stats`.  `make_replays` makes each module's GraphReplays.
+#define CPPWRAP_CUDA_DEFINE_GRAPH_MODULE(doc, make_replays)                     \
+  static PyModuleDef_Slot cppwrap_module_slots[] = {                            \
+      {Py_mod_exec,                                                             \
+       reinterpret_cast<void*>(cppwrap::cuda::exec_graph_module<make_replays>)}, \
+      {0, nullptr}};                                                            \
+  CPPWRAP_DEFINE_MODULE_WITH_SLOTS(                                             \
       doc,                                                                      \
-      {"cuda_graph_state", (PyCFunction)cppwrap_graph_state, METH_NOARGS,       \
+      cppwrap_module_slots,                                                     \
+      {"cuda_graph_state", (PyCFunction)cppwrap::cuda::graph_state, METH_NOARGS, \
        "warmup, capture, capturing, ready (replaying) or off: the first "       \
        "graph's."},                                                             \
-      {"cuda_graph_states", (PyCFunction)cppwrap_graph_states, METH_NOARGS,     \
-       "The state of each graph captured, one per set of sizes."},              \
-      {"cuda_graph_stats", (PyCFunction)cppwrap_graph_stats, METH_NOARGS,       \
+      {"cuda_graph_states", (PyCFunction)cppwrap::cuda::graph_states,           \
+       METH_NOARGS, "The state of each graph captured, one per set of sizes."}, \
+      {"cuda_graph_stats", (PyCFunction)cppwrap::cuda::graph_stats, METH_NOARGS, \
        "Each graph's state and counts of calls replayed, missed, captured "     \
        "again and declined (GraphReplay::Stats)."}, )

@@ -777,34 +777,93 @@ inline PyObject* output_object(PyObject* obj) {
   return obj;
 }
 
-// Resolves the graph's constants (parameters, buffers, lifted tensors) by
-// name in the namespace given to bind_constants.  `storage` is a file-level
-// static of the generated module, filled on the first call and kept for the
-// module's lifetime.  Needs the GIL.
-inline bool load_constants(
-    PyObject* ns, const char* const* names, size_t n, Tensor*& storage) {
-  if (storage != nullptr) {
-    return true;
+// What one graph module holds of its own, in its PEP 489 module state: a
+// library loaded twice (the same graph, frozen with other weights: an FX
+// graph cache hit) makes two modules, and each keeps its own constants.
+// CPython zeroes it when it makes the module; free_module_state releases it.
+struct ModuleState {
+  PyObject* constants_ns;  // the namespace bind_constants gave (a reference)
+  Tensor* constants;  // loaded from it by the first call
+  // A device backend's own state (the CUDA wrapper's graph replays), made by
+  // the module's exec slot, and how to release it.
+  void* device;
+  void (*release_device)(void*);
+};
+
+inline ModuleState& module_state(PyObject* module) {
+  return *static_cast<ModuleState*>(PyModule_GetState(module));
+}
+
+// The graph's constants (parameters, buffers, lifted tensors), resolved by
+// name in the namespace given to bind_constants on the module's first call
+// and kept in its state for its lifetime; nullptr with an exception set when
+// one is missing.  Needs the GIL.
+inline const Tensor* load_constants(PyObject* module, const char* const* names, size_t n) {
+  ModuleState& state = module_state(module);
+  if (state.constants != nullptr) {
+    return state.constants;
   }
-  if (ns == nullptr) {
+  if (state.constants_ns == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "compiled graph: constants were never bound");
-    return false;
+    return nullptr;
   }
   auto* loaded = new Tensor[n];
   for (size_t i = 0; i < n; ++i) {
-    PyObject* value = PyDict_GetItemString(ns, names[i]);
+    PyObject* value = PyDict_GetItemString(state.constants_ns, names[i]);
     if (value == nullptr) {
       PyErr_Format(PyExc_RuntimeError, "compiled graph: constant %s is missing", names[i]);
       delete[] loaded;
-      return false;
+      return nullptr;
     }
     if (api->unpack(value, loaded[i].slot(), names[i]) != 0) {
       delete[] loaded;
-      return false;
+      return nullptr;
     }
   }
-  storage = loaded;
-  return true;
+  state.constants = loaded;
+  return loaded;
+}
+
+// The module's `bind_constants(namespace)`: gives it the namespace that
+// holds the graph's constants (the generated Python module's globals).
+inline PyObject* bind_constants(PyObject* module, PyObject* ns) {
+  if (!PyDict_Check(ns)) {
+    PyErr_SetString(PyExc_TypeError, "bind_constants expects a dict");
+    return nullptr;
+  }
+  Py_INCREF(ns);
+  Py_XSETREF(module_state(module).constants_ns, ns);
+  Py_RETURN_NONE;
+}
+
+// The module state's slots in the garbage collector's protocol.
+inline int traverse_module_state(PyObject* module, visitproc visit, void* arg) {
+  auto* state = static_cast<ModuleState*>(PyModule_GetState(module));
+  if (state != nullptr) {
+    Py_VISIT(state->constants_ns);
+  }
+  return 0;
+}
+
+inline int clear_module_state(PyObject* module) {
+  auto* state = static_cast<ModuleState*>(PyModule_GetState(module));
+  if (state != nullptr) {
+    Py_CLEAR(state->constants_ns);
+  }
+  return 0;
+}
+
+inline void free_module_state(void* module) {
+  auto* object = static_cast<PyObject*>(module);
+  auto* state = static_cast<ModuleState*>(PyModule_GetState(object));
+  if (state == nullptr) {
+    return;
+  }
+  clear_module_state(object);
+  delete[] std::exchange(state->constants, nullptr);
+  if (state->device != nullptr) {
+    state->release_device(std::exchange(state->device, nullptr));
+  }
 }
 
 // Imports the runtime's function table; called from the module initialiser.
@@ -829,37 +888,32 @@ inline bool import_api() {
 
 }  // namespace cppwrap
 
-// The module's own state: the namespace that holds the graph's constants
-// (the generated Python module's globals, given once by bind_constants).
-#define CPPWRAP_MODULE_STATE()                                                  \
-  static PyObject* cppwrap_constants_ns = nullptr;                              \
-  static PyObject* bind_constants(PyObject* /*module*/, PyObject* ns) {         \
-    if (!PyDict_Check(ns)) {                                                    \
-      PyErr_SetString(PyExc_TypeError, "bind_constants expects a dict");        \
-      return nullptr;                                                           \
-    }                                                                           \
-    Py_INCREF(ns);                                                              \
-    Py_XSETREF(cppwrap_constants_ns, ns);                                       \
-    Py_RETURN_NONE;                                                             \
-  }
-
 // Defines the module's initialiser and a `call(args: list)` method backed by
-// `call_impl`, plus any further PyMethodDef entries given after `doc`, each
-// followed by a comma.  Every wrapper module has the same PyInit_ name (the
+// `call_impl(module, args)`, plus any further PyMethodDef entries given after
+// `doc`, each followed by a comma; `slots` names the module's PEP 489 slots
+// (nullptr: none).  Every wrapper module has the same PyInit_ name (the
 // loader tells them apart by path), so nothing module-specific is defined on
 // the command line and the precompiled header stays valid.  The initialiser
-// is multi-phase (PEP 489), so that every load makes a module of its own:
-// CPython files a single-phase module in sys.modules under its name, and a
-// second load of such a file refills the module filed there, which may be
-// another graph's, with that file's functions.
-#define CPPWRAP_DEFINE_MODULE_WITH_METHODS(doc, ...)                            \
+// is multi-phase (PEP 489) and the module's state its own (ModuleState), so
+// that every load of a library makes a module of its own: CPython files a
+// single-phase module in sys.modules under its name, and a second load of
+// such a file refills the module filed there, which may be another graph's.
+#define CPPWRAP_DEFINE_MODULE_WITH_SLOTS(doc, slots, ...)                      \
   static PyMethodDef cppwrap_methods[] = {                                      \
       {"call", (PyCFunction)call_impl, METH_O, "Run the compiled graph."},      \
-      {"bind_constants", (PyCFunction)bind_constants, METH_O,                   \
+      {"bind_constants", (PyCFunction)cppwrap::bind_constants, METH_O,          \
        "Give the module the namespace that holds the graph's constants."},      \
       __VA_ARGS__{nullptr, nullptr, 0, nullptr}};                               \
   static PyModuleDef cppwrap_module_def = {                                     \
-      PyModuleDef_HEAD_INIT, "cppwrap_graph", doc, 0, cppwrap_methods};         \
+      PyModuleDef_HEAD_INIT,                                                    \
+      "cppwrap_graph",                                                          \
+      doc,                                                                      \
+      sizeof(cppwrap::ModuleState),                                             \
+      cppwrap_methods,                                                          \
+      slots,                                                                    \
+      cppwrap::traverse_module_state,                                           \
+      cppwrap::clear_module_state,                                              \
+      cppwrap::free_module_state};                                              \
   PyMODINIT_FUNC PyInit_cppwrap_graph(void) {                                   \
     if (!cppwrap::import_api()) {                                               \
       return nullptr;                                                           \
@@ -867,4 +921,4 @@ inline bool import_api() {
     return PyModuleDef_Init(&cppwrap_module_def);                               \
   }
 
-#define CPPWRAP_DEFINE_MODULE(doc) CPPWRAP_DEFINE_MODULE_WITH_METHODS(doc)
+#define CPPWRAP_DEFINE_MODULE(doc) CPPWRAP_DEFINE_MODULE_WITH_SLOTS(doc, nullptr)

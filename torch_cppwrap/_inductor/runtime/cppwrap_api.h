@@ -72,7 +72,7 @@ typedef struct CppwrapApi {
   // (entries < 0 are not checked) of a graph input, or of an op's output
   // (assert_size_stride; an undefined one passes); the error begins with
   // `name` and says what was expected and found.
-  int (*check_input)(
+  int (*check_tensor)(
       const void* slot,
       const char* name,
       int32_t dtype,

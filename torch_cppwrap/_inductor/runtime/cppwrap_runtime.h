@@ -378,7 +378,7 @@ inline void check_input(
     int64_t ndim = -1,
     const int64_t* sizes = nullptr,
     const int64_t* strides = nullptr) {
-  if (api->check_input(t.slot(), name, dtype, device_type, device_index, ndim, sizes, strides) !=
+  if (api->check_tensor(t.slot(), name, dtype, device_type, device_index, ndim, sizes, strides) !=
       0) {
     throw_runtime_failure(std::string("input ") + api->last_error());
   }
@@ -401,7 +401,7 @@ inline void check_input(
 // assumed; `op` names the operator.
 inline void assert_size_stride(
     const Tensor& t, IntList sizes, IntList strides, const char* op, int32_t dtype = -1) {
-  if (api->check_input(
+  if (api->check_tensor(
           t.slot(), op, dtype, /*device_type=*/-1, 0, static_cast<int64_t>(sizes.size()),
           sizes.begin(), strides.begin()) != 0) {
     throw_runtime_failure(std::string("output of ") + api->last_error());

@@ -358,7 +358,7 @@ const int64_t* strides(const void* slot) {
   return tensor_at(slot).strides().data();
 }
 
-int check_input(
+int check_tensor(
     const void* slot,
     const char* name,
     int32_t dtype,
@@ -905,7 +905,7 @@ const CppwrapApi api_table = {
     dim,
     sizes,
     strides,
-    check_input,
+    check_tensor,
     scalar_to_tensor_long,
     scalar_to_tensor_double,
     item_long,

@@ -376,12 +376,12 @@ def _load_extension(module_name: str, path: Path) -> ModuleType:
     return module
 
 
-def _load_graph_module(graph: GraphBuild, path: Path) -> ModuleType:
+def _load_graph_module(graph: GraphBuild) -> ModuleType:
     # Every wrapper module's initialiser is PyInit_cppwrap_graph (a fixed
     # name keeps the precompiled header valid); the path tells them apart,
     # and multi-phase initialisation gives each load a module of its own,
     # with state of its own (cppwrap::ModuleState).
-    module = _load_extension("cppwrap_graph", path)
+    module = _load_extension("cppwrap_graph", graph.module_path)
     module.__cppwrap_source_dir__ = str(graph.directory)  # type: ignore[attr-defined]
     return module
 
@@ -1302,7 +1302,7 @@ class CppWrapperCodeCache:
             module = cls.cache.get(graph.key)
         if module is not None:
             if binds_constants:
-                return _load_graph_module(graph, graph.module_path)
+                return _load_graph_module(graph)
             return module
 
         # Timed as Inductor times its own phases (compile_times(), tlparse):
@@ -1325,4 +1325,4 @@ class CppWrapperCodeCache:
             with _alongside(RuntimeExtension.load):
                 ensure_built(graph.module_path, graph.key, name, graph.build)
             RuntimeExtension.check_matches(graph.runtime_digest)
-        return _load_graph_module(graph, graph.module_path)
+        return _load_graph_module(graph)

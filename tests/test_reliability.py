@@ -329,6 +329,29 @@ class TestFrozenConstants(CppWrapperTestCase):
             torch.testing.assert_close(compiled_second(x), second(x))
         self.assertGreaterEqual(counters["inductor"]["fxgraph_cache_hit"], 1)
 
+    def test_models_of_one_shape_build_one_library(self) -> None:
+        # Compiled anew (no FX graph cache), two models of one shape make
+        # the same C++ source, hence one library.  The source once described
+        # each constant with Inductor's repr, which ends with the tensor's
+        # id: on the device, each frozen model built a library of its own.
+        class Scale(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.weight = torch.nn.Parameter(torch.rand(64, 64))
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return torch.relu(x * self.weight)
+
+        x = torch.rand(64, 64)
+        wrappers = []
+        with config.patch(freezing=True, fx_graph_cache=False), torch.no_grad():
+            for _ in range(2):
+                torch._dynamo.reset()
+                (source,) = self.check(Scale().eval(), (x,))
+                self.assertIn("// constant ", source)
+                wrappers.append(source[source.index("wrapper_src = r") :])
+        self.assertEqual(wrappers[0], wrappers[1])
+
 
 class TestClearedCodeCache(CppWrapperTestCase):
     def test_a_graph_compiled_again_runs_its_own_code(self) -> None:

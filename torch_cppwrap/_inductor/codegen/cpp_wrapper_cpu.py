@@ -196,8 +196,19 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.header.writeline("")
 
     def write_constant(self, name: str, hashed: str) -> None:
-        # Listed once the code is generated (see `constant_names`).
-        self.constant_reprs[name] = hashed
+        # Listed once the code is generated (see `constant_names`).  Not as
+        # `hashed`: Inductor ends that with the tensor's id, which keeps the
+        # Python modules of other constants apart.  Each load of a C++ module
+        # binds its own constants (cppwrap::ModuleState), so the source
+        # leaves the id out, and models of one shape, frozen in one process
+        # or in several, build one library.
+        value = V.graph.constants.get(name)
+        self.constant_reprs[name] = (
+            f"{value.dtype} {tuple(value.size())} {tuple(value.stride())} "
+            f"on {value.device}"
+            if isinstance(value, torch.Tensor)
+            else ""
+        )
 
     @property
     def constant_names(self) -> list[str]:

@@ -538,7 +538,13 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         # make the same source, one library, loaded as two modules; each
         # binds its constants and captures its own replays, which read them
         # (cppwrap::ModuleState).
-        models = [torch.nn.Linear(32, 32).cuda().eval() for _ in range(2)]
+        # Four launches (two matmuls, two bias-and-relu kernels): a graph
+        # of fewer is not worth capturing (min_launches_for_cuda_graph).
+        def model() -> torch.nn.Module:
+            layers = [torch.nn.Linear(32, 32), torch.nn.ReLU()] * 2
+            return torch.nn.Sequential(*layers).cuda().eval()
+
+        models = [model() for _ in range(2)]
         x = torch.randn(8, 32, device="cuda")
         with config.patch(freezing=True), torch.no_grad():
             compiled, modules = [], []

@@ -286,6 +286,19 @@ class TestRedefinedOps(CppWrapperTestCase):
         self.assertIn("same schema: True", lines)
 
 
+class _Scale(torch.nn.Module):
+    """A weight and a pointwise product: under freezing, one constant and no
+    matmul (whose weight mkldnn may pack, and packed weights do not pickle
+    for the FX graph cache)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
 class TestFrozenConstants(CppWrapperTestCase):
     def test_one_graph_frozen_with_other_weights_keeps_its_own(self) -> None:
         # Under freezing, weights are the graph's constants.  Two models of
@@ -295,25 +308,12 @@ class TestFrozenConstants(CppWrapperTestCase):
         # test_codecache.py, test_freezing, cpp_wrapper on), even with the
         # in-process caches cleared in between; each module keeps its own
         # now (cppwrap::ModuleState).
-        class Scale(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.weight = torch.nn.Parameter(torch.rand(8, 8))
-
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                return x * self.weight
-
-        def model() -> torch.nn.Module:
-            return Scale().eval()
-
-        first, second = model(), model()
+        first, second = _Scale().eval(), _Scale().eval()
         x = torch.rand(8, 8)
         counters.clear()
-        # A pointwise graph: a matmul's weight may be packed for mkldnn, and
-        # packed weights do not pickle, so the FX graph cache would bypass
-        # it (on CPUs that pack float16, as the device's does); turning
-        # packing off instead would keep it off for the process
-        # (freezing_patterns.lazy_init runs once).
+        # A pointwise graph (_Scale) rather than packing turned off: that
+        # would keep it off for the process (freezing_patterns.lazy_init
+        # runs once).
         with (
             config.patch(cpp_wrapper=True, freezing=True, fx_graph_cache=True),
             torch.no_grad(),
@@ -334,20 +334,12 @@ class TestFrozenConstants(CppWrapperTestCase):
         # the same C++ source, hence one library.  The source once described
         # each constant with Inductor's repr, which ends with the tensor's
         # id: on the device, each frozen model built a library of its own.
-        class Scale(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.weight = torch.nn.Parameter(torch.rand(64, 64))
-
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                return torch.relu(x * self.weight)
-
-        x = torch.rand(64, 64)
+        x = torch.rand(8, 8)
         wrappers = []
         with config.patch(freezing=True, fx_graph_cache=False), torch.no_grad():
             for _ in range(2):
                 torch._dynamo.reset()
-                (source,) = self.check(Scale().eval(), (x,))
+                (source,) = self.check(_Scale().eval(), (x,))
                 self.assertIn("// constant ", source)
                 wrappers.append(source[source.index("wrapper_src = r") :])
         self.assertEqual(wrappers[0], wrappers[1])

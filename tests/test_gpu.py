@@ -546,9 +546,9 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
 
         models = [model() for _ in range(2)]
         x = torch.randn(8, 32, device="cuda")
-        # One config per pointwise kernel: each compile tunes them anew, and
-        # timings that pick another config make another library (seen once
-        # in two device runs).
+        # One config per pointwise kernel.  Once in two device runs the two
+        # compiles built two libraries, presumably because each tuned the
+        # pointwise kernels itself and noisy timings picked other configs.
         options = {"freezing": True, "triton.autotune_pointwise": False}
         with config.patch(options), torch.no_grad():
             compiled, modules = [], []

@@ -346,6 +346,27 @@ class TestControlFlow(CppWrapperTestCase):
                 rtol=1e-5,
             )
 
+    @torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True)
+    def test_cond_branches_bind_one_unbacked_symbol_each(self) -> None:
+        # Both branches size a buffer by nonzero's count, one unbacked symbol
+        # whose declaration ends with the block that made it: the else
+        # branch must declare it again.
+        def fn(p, x):
+            def branch(op):
+                def run(x):
+                    count = torch.nonzero(x).size(0)
+                    return op(torch.ones(count, 8))
+
+                return run
+
+            return torch.cond(p, branch(torch.cos), branch(torch.sin), (x.sin(),))
+
+        x = torch.randn(2, 3, 3)
+        for predicate in (True, False):
+            torch._dynamo.reset()
+            (source,) = self.check(fn, (torch.tensor(predicate), x))
+            self.assertIn("} else {", source)
+
     def test_while_loop(self) -> None:
         from torch._higher_order_ops.while_loop import while_loop
 

@@ -275,6 +275,45 @@ class TestTritonKernels(CudaWrapperTestCase):
                 self.assertEqual(compiled(y), fn(y))
 
 
+class TestControlFlow(CudaWrapperTestCase):
+    """torch.cond and torch.while_loop around Triton kernels: each subgraph
+    is a C++ block, and what one declares (its stream, a kernel's size) is
+    declared again where another block needs it."""
+
+    def test_while_loop_with_kernels_in_condition_and_body(self) -> None:
+        from torch._higher_order_ops.while_loop import while_loop
+
+        def fn(i, x):
+            return while_loop(
+                lambda i, x: i < 5, lambda i, x: (i + 1, x * 2 + 1), (i, x)
+            )
+
+        args = (torch.tensor(0, device="cuda"), torch.randn(6, device="cuda"))
+        (source,) = self.check(fn, args)
+        # One stream in the loop's block, one in the body's block inside it.
+        self.assertEqual(source.count("void* stream0 = "), 2, source)
+
+    def test_cond_branches_launch_one_kernel_of_dynamic_size(self) -> None:
+        # Both branches run one pointwise kernel (after the mm, its add and
+        # relu), whose size each branch declares in its own block.
+        def fn(p, x, w):
+            return torch.cond(
+                p,
+                lambda x, w: torch.relu(x @ w + 1),
+                lambda x, w: torch.relu(x @ w.t() + 1),
+                (x, w),
+            )
+
+        x, w = torch.randn(8, 16, device="cuda"), torch.randn(16, 16, device="cuda")
+        for predicate in (True, False):
+            torch._dynamo.reset()
+            p = torch.tensor(predicate, device="cuda")
+            (source,) = self.check(fn, (p, x, w), atol=1e-4, rtol=1e-4, dynamic=True)
+            self.assertRegex(
+                source, r"(?s)int64_t (\w+_xnumel) = .*} else {.*int64_t \1 = "
+            )
+
+
 class TestCudaGraphReplay(CudaWrapperTestCase):
     """A graph of CUDA tensors with fixed shapes is captured on its second call
     and replayed as one CUDA graph from the third (cppwrap::cuda::GraphReplay)."""

@@ -21,6 +21,7 @@ outputs; between those two points no Python runs and the GIL is released.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Sequence
@@ -95,6 +96,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.input_tensors: OrderedSet[str] = OrderedSet()
         # Graph inputs that are Python objects passed through (PyObject*).
         self.input_objects: OrderedSet[str] = OrderedSet()
+        # Per open subgraph block: the unbacked symbols and device guard
+        # index declared outside it (enter_block).
+        self.block_scopes: list[tuple[OrderedSet[str], int | None]] = []
         # The collectives this graph issues and waits for, in program order
         # (op names): a fact for whoever must know that the graph
         # communicates, e.g. the CUDA wrapper's CUDA-graph replay.
@@ -1075,12 +1079,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
             self.declared.add(out.get_name())
             outer_outputs.append(out.get_name())
         self.virtual_buffers.add(node.get_name())
-        for header, subgraph in branches:
-            self.writeline(header)
-            self.writeline(EnterSubgraphLine(self, subgraph.graph))
+        last = len(branches) - 1
+        for index, (header, subgraph) in enumerate(branches):
+            self.writeline(_EnterBlockLine(self, subgraph.graph, header))
             self.codegen_subgraph(subgraph, outer_inputs, outer_outputs)
-            self.writeline(ExitSubgraphLine(self))
-        self.writeline("}")
+            # The next branch's header closes this one's block.
+            self.writeline(_ExitBlockLine(self, "}" if index == last else None))
 
     def codegen_while_loop(self, while_loop: Any, stack_output: bool = False) -> None:
         if stack_output:
@@ -1113,16 +1117,18 @@ class CppWrapperCpu(PythonWrapperCodegen):
             else f"cppwrap::Tensor {result};"
         )
         inputs = [*(f"{out}.clone_ref()" for out in outputs), *additional]
-        self.writeline("while (true) {")
-        self.writeline(EnterSubgraphLine(self, while_loop.cond_subgraph.graph))
+        # The loop's block is the condition's; the body has a block of its
+        # own inside it, where it may declare what the condition declared
+        # (a stream, a kernel's size) again.
+        cond_graph = while_loop.cond_subgraph.graph
+        self.writeline(_EnterBlockLine(self, cond_graph, "while (true) {"))
         self.codegen_subgraph(while_loop.cond_subgraph, inputs, [result])
         check = result if bool_predicate else f"cppwrap::item_long({result}) != 0"
         self.writeline(f"if (!({check})) break;")
-        self.writeline(ExitSubgraphLine(self))
-        self.writeline(EnterSubgraphLine(self, while_loop.body_subgraph.graph))
+        self.writeline(_EnterBlockLine(self, while_loop.body_subgraph.graph))
         self.codegen_subgraph(while_loop.body_subgraph, inputs, outputs)
-        self.writeline(ExitSubgraphLine(self))
-        self.writeline("}")
+        self.writeline(_ExitBlockLine(self))
+        self.writeline(_ExitBlockLine(self))
 
     def codegen_subgraph(
         self, subgraph: Any, outer_inputs: list[str], outer_outputs: list[str]
@@ -1167,6 +1173,22 @@ class CppWrapperCpu(PythonWrapperCodegen):
         finally:
             self.input_tensors = saved_inputs
             self.pop_codegened_graph()
+
+    def enter_block(self) -> None:
+        """A subgraph's C++ block opens: what is declared in it ends with it,
+        so the code after it, or a sibling block, declares its unbacked
+        symbols, or the first device guard, again.  Called as the block's
+        lines are written and again as they are emitted: Inductor declares
+        names in both passes."""
+        self.block_scopes.append(
+            (OrderedSet(self.unbacked_symbol_decls), self.last_seen_device_guard_index)
+        )
+
+    def exit_block(self) -> None:
+        symbols, guard = self.block_scopes.pop()
+        self.unbacked_symbol_decls = symbols
+        if guard is None:
+            self.last_seen_device_guard_index = None
 
     def codegen_invoke_subgraph(self, invoke_subgraph: Any) -> None:
         raise NotImplementedError(
@@ -1489,6 +1511,43 @@ def _flatten(values: Any) -> list[Any]:
     if isinstance(values, (list, tuple)):
         return [item for value in values for item in _flatten(value)]
     return [values]
+
+
+@dataclasses.dataclass
+class _EnterBlockLine(EnterSubgraphLine):
+    """Opens the C++ block a subgraph is inlined into (`header`) and puts
+    the subgraph's lines one level in."""
+
+    wrapper: CppWrapperCpu
+    header: str = "{"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.wrapper.enter_block()
+
+    def codegen(self, code: IndentedBuffer) -> None:
+        code.writeline(self.header)
+        super().codegen(code)
+        self.wrapper.enter_block()
+
+
+@dataclasses.dataclass
+class _ExitBlockLine(ExitSubgraphLine):
+    """Ends the subgraph's lines; closes its block with `footer` unless the
+    next block's header does (`} else {`)."""
+
+    wrapper: CppWrapperCpu
+    footer: str | None = "}"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.wrapper.exit_block()
+
+    def codegen(self, code: IndentedBuffer) -> None:
+        super().codegen(code)
+        self.wrapper.exit_block()
+        if self.footer is not None:
+            code.writeline(self.footer)
 
 
 class _MultiOutputCheck(WrapperLine):

@@ -489,7 +489,10 @@ class CppWrapperGpu(CppWrapperCpu):
     def __init__(self) -> None:
         self.launch_signatures: dict[str, LaunchSignature] = {}
         self.kernel_metadata: dict[str, str] = {}
-        self.symbolic_call_args: set[str] = set()
+        # Kernel sizes declared, by name and graph: each subgraph's code is a
+        # C++ block of its own, where a name the parent declared may be
+        # declared again and none a sibling block declared is seen.
+        self.symbolic_call_args: set[tuple[str, Any]] = set()
         super().__init__()
 
     # ------------------------------------------------------------------
@@ -792,10 +795,10 @@ class CppWrapperGpu(CppWrapperCpu):
         # profiling block; this wrapper opens none.
         name = str(arg.inner)
         value = self.codegen_cpp_sizevar(arg.inner_expr)
-        if name in self.symbolic_call_args:
+        if (name, graph) in self.symbolic_call_args:
             self.writeline(f"{name} = {value};")
         else:
-            self.symbolic_call_args.add(name)
+            self.symbolic_call_args.add((name, graph))
             self.writeline(f"int64_t {name} = {value};")
 
     # ------------------------------------------------------------------

@@ -12,13 +12,13 @@ Python wrapper instead of ours (session 47: ours tuned at every compile).
 
 import collections
 import glob
-import os
 import sys
 
 import torch
 import torch_cppwrap  # noqa: F401
 from torch._inductor import config
 from torch._inductor.runtime import triton_heuristics
+from torch._inductor.runtime.cache_dir_utils import cache_dir
 
 calls: collections.Counter[str] = collections.Counter()
 original = triton_heuristics.CachingAutotuner.benchmark_all_configs
@@ -37,7 +37,7 @@ triton_heuristics.CachingAutotuner.benchmark_all_configs = counted
 pin = "pin" in sys.argv[1:]
 ours = "python" not in sys.argv[1:]
 x = torch.randn(8, 32, device="cuda")
-cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or torch._inductor.utils.cache_dir()
+cache = cache_dir()
 settings = {
     "freezing": True,
     "cpp_wrapper": ours,

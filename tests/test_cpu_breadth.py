@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch._inductor import config
 from torch._inductor.test_case import run_tests
+from torch._inductor.utils import run_and_get_code
 
 from tests.common import CppWrapperTestCase, our_wrappers_created
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
@@ -366,6 +367,49 @@ class TestControlFlow(CppWrapperTestCase):
             torch._dynamo.reset()
             (source,) = self.check(fn, (torch.tensor(predicate), x))
             self.assertIn("} else {", source)
+
+    def test_nested_compile_region_is_one_lambda_called_at_each_call(self) -> None:
+        # Upstream's C++ wrapper refuses invoke_subgraph; ours defines the
+        # subgraph once, as a lambda, and calls it twice.
+        @torch.compiler.nested_compile_region
+        def block(x, w):
+            y = x @ w
+            return torch.relu(y) + x.sum(), y.sin()
+
+        def fn(x, w):
+            a, b = block(x, w)
+            c, d = block(a, w)
+            return c + b, d
+
+        for dynamic in (False, True):
+            torch._dynamo.reset()
+            args = (torch.randn(8, 8), torch.randn(8, 8))
+            (source,) = self.check(fn, args, atol=1e-4, rtol=1e-4, dynamic=dynamic)
+            self.assertEqual(source.count("auto repeated_subgraph0_fn = [&]("), 1)
+            self.assertEqual(source.count("= repeated_subgraph0_fn("), 2)
+
+    def test_nested_compile_region_through_backward(self) -> None:
+        linear = torch.nn.Linear(8, 8)
+
+        @torch.compiler.nested_compile_region
+        def layer(x):
+            return F.gelu(linear(x))
+
+        def step(x):
+            return layer(layer(x)).sum()
+
+        x = torch.randn(4, 8, requires_grad=True)
+        step(x).backward()
+        expected = (x.grad, linear.weight.grad)
+        x.grad, linear.weight.grad = None, None
+        compiled = torch.compile(step, fullgraph=True)
+        with our_wrappers_created() as created:
+            _, sources = run_and_get_code(lambda: compiled(x).backward())
+        # Forward and backward, each with the region's subgraph as a lambda.
+        self.assertEqual(created, [CppWrapperCpu, CppWrapperCpu])
+        for source in sources:
+            self.assertIn("_fn = [&](", source)
+        torch.testing.assert_close((x.grad, linear.weight.grad), expected)
 
     def test_while_loop(self) -> None:
         from torch._higher_order_ops.while_loop import while_loop

@@ -99,6 +99,11 @@ class CppWrapperCpu(PythonWrapperCodegen):
         # Per open subgraph block: the unbacked symbols and device guard
         # index declared outside it (enter_block).
         self.block_scopes: list[tuple[OrderedSet[str], int | None]] = []
+        # The open blocks, outermost first, each by a number of its own; and
+        # for each subgraph made a C++ lambda, the blocks it is defined in.
+        self.block_ids = itertools.count()
+        self.block_path: list[int] = []
+        self.subgraph_functions: dict[str, list[int]] = {}
         # The collectives this graph issues and waits for, in program order
         # (op names): a fact for whoever must know that the graph
         # communicates, e.g. the CUDA wrapper's CUDA-graph replay.
@@ -1183,18 +1188,67 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.block_scopes.append(
             (OrderedSet(self.unbacked_symbol_decls), self.last_seen_device_guard_index)
         )
+        self.block_path.append(next(self.block_ids))
 
     def exit_block(self) -> None:
+        self.block_path.pop()
         symbols, guard = self.block_scopes.pop()
         self.unbacked_symbol_decls = symbols
         if guard is None:
             self.last_seen_device_guard_index = None
 
     def codegen_invoke_subgraph(self, invoke_subgraph: Any) -> None:
-        raise NotImplementedError(
-            "torch_cppwrap: invoke_subgraph is not supported by the C++ wrapper yet; "
-            "compile without cpp_wrapper=True for this model"
+        """A nested compile region (torch.compiler.nested_compile_region): its
+        subgraph becomes a C++ lambda, defined where it is first called and
+        called there and at every later call, in that block or one inside it."""
+        subgraph = invoke_subgraph.subgraph
+        outputs = invoke_subgraph.outputs
+        if not all(isinstance(out, ir.MultiOutput) for out in outputs):
+            raise NotImplementedError(
+                f"torch_cppwrap: {subgraph.name} returns a value that is not a "
+                "tensor, which the C++ wrapper does not pass out of a subgraph yet"
+            )
+        fn = f"{subgraph.name}_fn"
+        defined_in = self.subgraph_functions.get(fn)
+        if defined_in is None:
+            self._define_subgraph_function(fn, subgraph, len(outputs))
+        elif self.block_path[: len(defined_in)] != defined_in:
+            raise NotImplementedError(
+                f"torch_cppwrap: {subgraph.name} is called outside the block of its "
+                "first call, where the C++ wrapper defines it"
+            )
+        inner = subgraph.graph.graph_inputs.values()
+        args = [
+            self._owned(operand)
+            for operand, value in zip(invoke_subgraph.inputs, inner, strict=True)
+            if isinstance(value, ir.TensorBox)
+        ]
+        name = invoke_subgraph.get_name()
+        self.virtual_buffers.add(name)
+        self.writeline(f"auto {name} = {fn}({', '.join(args)});")
+        for index, out in enumerate(outputs):
+            self.writeline(f"auto {out.get_name()} = std::move({name}[{index}]);")
+            self.declared.add(out.get_name())
+
+    def _define_subgraph_function(self, fn: str, subgraph: Any, count: int) -> None:
+        """`auto fn = [&](tensors...) { ...; return results; };`: the
+        subgraph's code once, taking its tensor inputs (its sizes are the
+        caller's, captured), returning its outputs in order."""
+        self.subgraph_functions[fn] = list(self.block_path)
+        inner = subgraph.graph.graph_inputs.items()
+        tensors = [name for name, value in inner if isinstance(value, ir.TensorBox)]
+        params = ", ".join(f"cppwrap::Tensor {name}_arg" for name in tensors)
+        self.writeline(
+            _EnterBlockLine(self, subgraph.graph, f"auto {fn} = [&]({params}) {{")
         )
+        self.writeline(f"std::array<cppwrap::Tensor, {count}> results;")
+        self.codegen_subgraph(
+            subgraph,
+            [f"std::move({name}_arg)" if name in tensors else "" for name, _ in inner],
+            [f"results[{index}]" for index in range(count)],
+        )
+        self.writeline("return results;")
+        self.writeline(_ExitBlockLine(self, "};"))
 
     # ------------------------------------------------------------------
     # device copies, layout checks and data-dependent sizes

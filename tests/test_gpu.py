@@ -313,6 +313,22 @@ class TestControlFlow(CudaWrapperTestCase):
                 source, r"(?s)int64_t (\w+_xnumel) = .*} else {.*int64_t \1 = "
             )
 
+    def test_nested_compile_region_launches_from_one_lambda(self) -> None:
+        @torch.compiler.nested_compile_region
+        def block(x, w):
+            y = x @ w
+            return torch.relu(y) + 1, y.sin()
+
+        def fn(x, w):
+            a, b = block(x, w)
+            c, d = block(a, w)
+            return c + b, d
+
+        x, w = torch.randn(8, 16, device="cuda"), torch.randn(16, 16, device="cuda")
+        (source,) = self.check(fn, (x, w), atol=1e-4, rtol=1e-4)
+        self.assertEqual(source.count("auto repeated_subgraph0_fn = [&]("), 1)
+        self.assertEqual(source.count("= repeated_subgraph0_fn("), 2)
+
 
 class TestCudaGraphReplay(CudaWrapperTestCase):
     """A graph of CUDA tensors with fixed shapes is captured on its second call

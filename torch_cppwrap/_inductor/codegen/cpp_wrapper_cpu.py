@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 import sympy
 import torch
@@ -96,13 +96,10 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.input_tensors: OrderedSet[str] = OrderedSet()
         # Graph inputs that are Python objects passed through (PyObject*).
         self.input_objects: OrderedSet[str] = OrderedSet()
-        # Per open subgraph block: the unbacked symbols and device guard
-        # index declared outside it (enter_block).
-        self.block_scopes: list[tuple[OrderedSet[str], int | None]] = []
-        # The open blocks, outermost first, each by a number of its own; and
-        # for each subgraph made a C++ lambda, the blocks it is defined in.
+        # The open subgraph blocks, outermost first (enter_block); and for
+        # each subgraph made a C++ lambda, the blocks it is defined in.
+        self.block_scopes: list[_BlockScope] = []
         self.block_ids = itertools.count()
-        self.block_path: list[int] = []
         self.subgraph_functions: dict[str, list[int]] = {}
         # The collectives this graph issues and waits for, in program order
         # (op names): a fact for whoever must know that the graph
@@ -1186,16 +1183,21 @@ class CppWrapperCpu(PythonWrapperCodegen):
         lines are written and again as they are emitted: Inductor declares
         names in both passes."""
         self.block_scopes.append(
-            (OrderedSet(self.unbacked_symbol_decls), self.last_seen_device_guard_index)
+            _BlockScope(
+                next(self.block_ids),
+                OrderedSet(self.unbacked_symbol_decls),
+                self.last_seen_device_guard_index,
+            )
         )
-        self.block_path.append(next(self.block_ids))
 
     def exit_block(self) -> None:
-        self.block_path.pop()
-        symbols, guard = self.block_scopes.pop()
-        self.unbacked_symbol_decls = symbols
-        if guard is None:
+        scope = self.block_scopes.pop()
+        self.unbacked_symbol_decls = scope.unbacked_symbols
+        if scope.guard_index is None:
             self.last_seen_device_guard_index = None
+
+    def _block_path(self) -> list[int]:
+        return [scope.block_id for scope in self.block_scopes]
 
     def codegen_invoke_subgraph(self, invoke_subgraph: Any) -> None:
         """A nested compile region (torch.compiler.nested_compile_region): its
@@ -1212,7 +1214,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         defined_in = self.subgraph_functions.get(fn)
         if defined_in is None:
             self._define_subgraph_function(fn, subgraph, len(outputs))
-        elif self.block_path[: len(defined_in)] != defined_in:
+        elif self._block_path()[: len(defined_in)] != defined_in:
             raise NotImplementedError(
                 f"torch_cppwrap: {subgraph.name} is called outside the block of its "
                 "first call, where the C++ wrapper defines it"
@@ -1234,7 +1236,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         """`auto fn = [&](tensors...) { ...; return results; };`: the
         subgraph's code once, taking its tensor inputs (its sizes are the
         caller's, captured), returning its outputs in order."""
-        self.subgraph_functions[fn] = list(self.block_path)
+        self.subgraph_functions[fn] = self._block_path()
         inner = subgraph.graph.graph_inputs.items()
         tensors = [name for name, value in inner if isinstance(value, ir.TensorBox)]
         params = ", ".join(f"cppwrap::Tensor {name}_arg" for name in tensors)
@@ -1565,6 +1567,14 @@ def _flatten(values: Any) -> list[Any]:
     if isinstance(values, (list, tuple)):
         return [item for value in values for item in _flatten(value)]
     return [values]
+
+
+class _BlockScope(NamedTuple):
+    """An open subgraph block, and what was declared outside it."""
+
+    block_id: int
+    unbacked_symbols: OrderedSet[str]
+    guard_index: int | None
 
 
 @dataclasses.dataclass

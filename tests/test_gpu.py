@@ -313,6 +313,24 @@ class TestControlFlow(CudaWrapperTestCase):
                 source, r"(?s)int64_t (\w+_xnumel) = .*} else {.*int64_t \1 = "
             )
 
+    def test_cond_branch_kernel_with_precomputed_size_is_tuned(self) -> None:
+        # The broadcast over channels indexes by H*W, which Inductor
+        # precomputes as the branch's own `ps0`: the tuning block's example
+        # sizes must come from the branch's graph, not the parent's (upstream
+        # fails here, PyTorch's test_cond_control_flow_with_precomputed_size).
+        def fn(p, x, b):
+            return torch.cond(
+                p,
+                lambda x, b: torch.relu(x + b.view(1, -1, 1, 1)),
+                lambda x, b: torch.relu(x - b.view(1, -1, 1, 1)),
+                (x, b),
+            )
+
+        x, b = torch.randn(2, 4, 6, 5, device="cuda"), torch.randn(4, device="cuda")
+        p = torch.tensor(True, device="cuda")
+        (source,) = self.check(fn, (p, x, b), dynamic=True)
+        self.assertIn("ps0", source)
+
     def test_nested_compile_region_launches_from_one_lambda(self) -> None:
         @torch.compiler.nested_compile_region
         def block(x, w):

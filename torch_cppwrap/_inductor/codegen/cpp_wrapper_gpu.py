@@ -867,16 +867,20 @@ class CppWrapperGpu(CppWrapperCpu):
         self._require_compile_time_tuning()
         assert arg_types is not None and len(arg_types) == len(call_args)
         if kernel_name not in self.kernel_autotune_names:
-            # The tuning block's line for this kernel (once per kernel).
-            PythonWrapperCodegen._generate_kernel_call_helper(
-                self,
-                kernel_name,
-                call_args,
-                device=device,
-                triton=True,
-                arg_types=arg_types,
-                **kwargs,
-            )
+            # The tuning block's line for this kernel (once per kernel). Its
+            # example sizes are the hints of the graph the call is in: a
+            # subgraph's precomputed sizes (`ps0`) are its own, not the
+            # parent's, which is V.graph while the lines are emitted.
+            with V.set_graph_handler(self.get_codegened_graph()):
+                PythonWrapperCodegen._generate_kernel_call_helper(
+                    self,
+                    kernel_name,
+                    call_args,
+                    device=device,
+                    triton=True,
+                    arg_types=arg_types,
+                    **kwargs,
+                )
         index = device.index or 0
         stream = self.write_get_raw_stream(index, kwargs.get("graph_name", ""))
         kinds, values = [], []

@@ -419,6 +419,35 @@ class TestControlFlow(CppWrapperTestCase):
             self.assertIn("_fn = [&](", source)
         torch.testing.assert_close((x.grad, linear.weight.grad), expected)
 
+    def test_nested_compile_region_returning_sizes(self) -> None:
+        # The region returns a size, and with dynamic shapes its partitioned
+        # forward returns sizes for the backward: the lambda returns only the
+        # tensors, and the caller spells the sizes in its own symbols.
+        @torch.compiler.nested_compile_region
+        def layer(x):
+            return torch.sin(x) * 2, x.shape[0]
+
+        def step(x):
+            a, n = layer(x)
+            b, _ = layer(a)
+            return (b * n).sum()
+
+        x = torch.randn(6, 8, requires_grad=True)
+        expected_loss = step(x)
+        expected_loss.backward()
+        expected_grad, x.grad = x.grad, None
+        torch._dynamo.mark_dynamic(x, 0)
+        compiled = torch.compile(step, fullgraph=True)
+        with our_wrappers_created() as created:
+            (loss, _), sources = run_and_get_code(
+                lambda: (loss := compiled(x), loss.backward())
+            )
+        self.assertEqual(created, [CppWrapperCpu, CppWrapperCpu])
+        for source in sources:
+            self.assertIn("_fn = [&](", source)
+        torch.testing.assert_close(loss, expected_loss)
+        torch.testing.assert_close(x.grad, expected_grad)
+
     def test_while_loop(self) -> None:
         from torch._higher_order_ops.while_loop import while_loop
 

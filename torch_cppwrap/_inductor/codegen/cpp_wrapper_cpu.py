@@ -41,6 +41,7 @@ from torch._inductor.codegen.wrapper import (
 )
 from torch._inductor.utils import sympy_product
 from torch._inductor.virtualized import V
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._ordered_set import OrderedSet
 
 from torch_cppwrap import _compat
@@ -1133,11 +1134,15 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.writeline(_ExitBlockLine(self))
 
     def codegen_subgraph(
-        self, subgraph: Any, outer_inputs: list[str], outer_outputs: list[str]
+        self,
+        subgraph: Any,
+        outer_inputs: Sequence[str],
+        outer_outputs: Sequence[str | None],
     ) -> None:
         """Inlines `subgraph` here, in a C++ block: its inputs are
         `outer_inputs`, expressions making new references to the outer
-        values; its outputs are moved out into the `outer_outputs`."""
+        values; its outputs are moved out into the `outer_outputs` (None:
+        an output the caller spells itself, a size)."""
         graph = subgraph.graph
         self.writeline(f"// subgraph {subgraph.name}")
         inner = list(graph.graph_inputs.items())
@@ -1162,16 +1167,18 @@ class CppWrapperCpu(PythonWrapperCodegen):
             moved: set[str] = set()
             # As upstream: outer outputs past the subgraph's own (torch 2.14
             # adds some) are not assigned here.
-            for output, outer in zip(graph.graph_outputs, outer_outputs, strict=False):
+            for output, target in zip(graph.graph_outputs, outer_outputs, strict=False):
+                if target is None:  # the caller spells this output itself
+                    continue
                 ref = output.codegen_reference()
                 if isinstance(output, ir.ShapeAsConstantBuffer):
-                    self.writeline(f"{outer} = {ref};")
+                    self.writeline(f"{target} = {ref};")
                 elif _refers_by_name(output, ref) and ref not in moved:
                     # The block's locals end here; the first use may move.
                     moved.add(ref)
-                    self.writeline(f"{outer} = std::move({ref});")
+                    self.writeline(f"{target} = std::move({ref});")
                 else:
-                    self.writeline(f"{outer} = {self._owned(output)};")
+                    self.writeline(f"{target} = {self._owned(output)};")
         finally:
             self.input_tensors = saved_inputs
             self.pop_codegened_graph()
@@ -1205,15 +1212,11 @@ class CppWrapperCpu(PythonWrapperCodegen):
         called there and at every later call, in that block or one inside it."""
         subgraph = invoke_subgraph.subgraph
         outputs = invoke_subgraph.outputs
-        if not all(isinstance(out, ir.MultiOutput) for out in outputs):
-            raise NotImplementedError(
-                f"torch_cppwrap: {subgraph.name} returns a value that is not a "
-                "tensor, which the C++ wrapper does not pass out of a subgraph yet"
-            )
+        tensors = self._subgraph_tensor_outputs(subgraph.name, outputs)
         fn = f"{subgraph.name}_fn"
         defined_in = self.subgraph_functions.get(fn)
         if defined_in is None:
-            self._define_subgraph_function(fn, subgraph, len(outputs))
+            self._define_subgraph_function(fn, subgraph, outputs)
         elif self._block_path()[: len(defined_in)] != defined_in:
             raise NotImplementedError(
                 f"torch_cppwrap: {subgraph.name} is called outside the block of its "
@@ -1228,14 +1231,37 @@ class CppWrapperCpu(PythonWrapperCodegen):
         name = invoke_subgraph.get_name()
         self.virtual_buffers.add(name)
         self.writeline(f"auto {name} = {fn}({', '.join(args)});")
-        for index, out in enumerate(outputs):
+        for index, out in enumerate(tensors):
             self.writeline(f"auto {out.get_name()} = std::move({name}[{index}]);")
             self.declared.add(out.get_name())
 
-    def _define_subgraph_function(self, fn: str, subgraph: Any, count: int) -> None:
+    def _subgraph_tensor_outputs(self, name: str, outputs: Sequence[Any]) -> list[Any]:
+        """The outputs a subgraph's lambda returns: its tensors. A size or a
+        None it returns is an expression the caller spells itself, in
+        symbols the caller has, unless one is bound inside the subgraph."""
+        tensors = []
+        for out in outputs:
+            if isinstance(out, ir.MultiOutput):
+                tensors.append(out)
+            elif isinstance(out, ir.NoneAsConstantBuffer):
+                continue
+            elif not isinstance(out, ir.ShapeAsConstantBuffer) or any(
+                str(symbol) not in self.unbacked_symbol_decls
+                for symbol in free_unbacked_symbols(out.expr)
+            ):
+                raise NotImplementedError(
+                    f"torch_cppwrap: {name} returns {type(out).__name__} "
+                    f"{getattr(out, 'expr', '')}, which the C++ wrapper does not "
+                    "pass out of a subgraph yet"
+                )
+        return tensors
+
+    def _define_subgraph_function(
+        self, fn: str, subgraph: Any, outputs: Sequence[Any]
+    ) -> None:
         """`auto fn = [&](tensors...) { ...; return results; };`: the
         subgraph's code once, taking its tensor inputs (its sizes are the
-        caller's, captured), returning its outputs in order."""
+        caller's, captured), returning its tensor outputs in order."""
         self.subgraph_functions[fn] = self._block_path()
         inner = subgraph.graph.graph_inputs.items()
         tensors = [name for name, value in inner if isinstance(value, ir.TensorBox)]
@@ -1243,11 +1269,13 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.writeline(
             _EnterBlockLine(self, subgraph.graph, f"auto {fn} = [&]({params}) {{")
         )
-        self.writeline(f"std::array<cppwrap::Tensor, {count}> results;")
+        returned = [isinstance(out, ir.MultiOutput) for out in outputs]
+        self.writeline(f"std::array<cppwrap::Tensor, {sum(returned)}> results;")
+        slots = itertools.count()
         self.codegen_subgraph(
             subgraph,
             [f"std::move({name}_arg)" if name in tensors else "" for name, _ in inner],
-            [f"results[{index}]" for index in range(count)],
+            [f"results[{next(slots)}]" if tensor else None for tensor in returned],
         )
         self.writeline("return results;")
         self.writeline(_ExitBlockLine(self, "};"))

@@ -7,7 +7,9 @@ Compiles three two-layer frozen MLPs of one shape in turn and prints, per
 compile, how often each kernel ran `CachingAutotuner.benchmark_all_configs`
 and how many new `wrapper.cpp` files (libraries of ours) the cache got.
 `pin` sets `triton.autotune_pointwise=False`; `python` compiles with the
-Python wrapper instead of ours (session 47: ours tuned at every compile).
+Python wrapper instead of ours. Session 48, each wrapper in a fresh
+Inductor cache: the Python wrapper tuned at every compile, ours once, then
+read the `.best_config` back (session 47's re-tuning is Inductor's).
 """
 
 import collections

@@ -520,16 +520,6 @@ class PeakMemory:
             import torch
 
             torch.cuda.synchronize()
-            # The eager reference run left cuBLAS workspaces (one per thread
-            # and stream: the forward's and the backward's, 32 MiB each on
-            # Hopper) in the baseline.  reduce-overhead drops every stream's
-            # before it captures and then empties the cache, so memory it
-            # never allocated fell out from under its peak (the training
-            # step's rise read 190 MB against ours' 260, session 49, ours
-            # keeping them).  Dropped here, while no other thread runs a
-            # matmul, every mode's rise counts the workspaces it makes.
-            torch._C._cuda_clearCublasWorkspaces()
-            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             # Reserved, not allocated: what CUDA graphs' private pools hold
             # (Inductor's and ours) is not in the allocated statistics.
@@ -868,6 +858,15 @@ def run_worker(
     grad_mode = torch.enable_grad if spec.train else torch.no_grad
     with grad_mode():
         expected = fn(*args)
+    if device == "cuda":
+        # The eager run left a cuBLAS workspace per thread it ran matmuls on
+        # (forward and backward; 32 MiB each on Hopper).  reduce-overhead
+        # drops every stream's before it captures and empties the cache, so
+        # left in the baseline they would leave from under its peak, and
+        # not from under the other modes'.  Dropped now, while no other
+        # thread runs a matmul, each mode's peak counts the ones it makes.
+        torch._C._cuda_clearCublasWorkspaces()
+        torch.cuda.empty_cache()
     compiled = torch.compile(
         fn, mode=mode.compile_mode, dynamic=True if spec.dynamic else None
     )

@@ -129,6 +129,60 @@ class TestGpuGaps(TestCase):
         self.assertIn("- bert / cppwrap: differ", text)
 
 
+class _HostEvent:
+    """A host event as launch_split reads one: its own time is its total
+    less its children's."""
+
+    def __init__(self, name: str, total: float, *children: _HostEvent) -> None:
+        self.name = name
+        self.device_type = "DeviceType.CPU"
+        self.cpu_time_total = total
+        self.self_cpu_time_total = total - sum(c.cpu_time_total for c in children)
+        self.cpu_children = list(children)
+        self.cpu_parent: _HostEvent | None = None
+        for child in children:
+            child.cpu_parent = self
+
+
+class TestLaunchSplit(TestCase):
+    @staticmethod
+    def _call(graph_own: float, launcher_own: float) -> list[_HostEvent]:
+        """One call of a compiled graph: a cuBLAS matmul (12 µs, 4 of them
+        its launch) and a Triton launch (`launcher_own` µs, then 4 µs in the
+        driver), with `graph_own` µs of the wrapper's code around them."""
+        launch = _HostEvent("cudaLaunchKernel", 4.0)
+        mm = _HostEvent("aten::mm", 12.0, launch)
+        driver = _HostEvent("cuLaunchKernel", 4.0)
+        triton = _HostEvent("triton_poi_fused_add_0", launcher_own + 4.0, driver)
+        graph = _HostEvent(
+            "## Call CompiledFxGraph fabc ##",
+            graph_own + 12.0 + triton.cpu_time_total,
+            mm,
+            triton,
+        )
+        return [graph, mm, launch, triton, driver]
+
+    def test_the_wrappers_own_time_leaves_out_what_it_calls(self) -> None:
+        ours = _profile_call.launch_split(self._call(3.0, 0.5) * 2, 2)
+        python = _profile_call.launch_split(self._call(20.0, 10.0) * 2, 2)
+        self.assertEqual(ours["extern_calls_per_call"], 1)
+        self.assertEqual(ours["triton_launches_per_call"], 1)
+        self.assertAlmostEqual(ours["extern_host_us_per_call"], 12.0)
+        self.assertAlmostEqual(ours["wrapper_own_us_per_call"], 3.5)
+        self.assertAlmostEqual(python["wrapper_own_us_per_call"], 30.0)
+        text = _profile_call.markdown(
+            [
+                {"workload": "bert", "mode": "cppwrap-no-replay", **ours},
+                {"workload": "bert", "mode": "python", **python},
+            ]
+        )
+        self.assertIn(
+            "- bert: the wrapper's own host µs per call (profiled), "
+            "cppwrap-no-replay / python = 4 / 30 = 0.12",
+            text,
+        )
+
+
 class TestStepSpans(TestCase):
     def test_the_unprofiled_spans_have_their_columns(self) -> None:
         spans = {"gpu_step_span_us": 400.0, "gpu_between_steps_us": 10.0}

@@ -46,9 +46,13 @@ backward; the rest under no_grad):
   triton_launches_per_call, extern_calls_per_call, extern_host_us_per_call
   (the profiled ranges of the outermost extern calls that launch GPU work),
   profiled_host_us (a call's host time under the profiler, which inflates
-  every range), and wrapper_us_per_triton_launch: host_us scaled by the
+  every range), wrapper_us_per_triton_launch: host_us scaled by the
   share of the profiled host time outside the extern calls, per Triton
-  launch, the wrapper's own cost per kernel;
+  launch, and wrapper_own_us_per_call: the wrapper's own code alone, under
+  the profiler (the self time of Inductor's compiled-graph ranges and of
+  the Triton launch ranges: what is left when the ATen ops, C-shim calls
+  and driver launches inside them are taken out; the Python wrapper's
+  buffer allocations are ATen ops, so they are taken out too);
 - with --gpu-gaps, where the GPU idles in a run of GAP_STEPS steps issued
   back to back (no synchronise between them, as e2e_us times them), from
   the profiler's GPU activities (kernels, memcpys, memsets): per step, the
@@ -169,6 +173,7 @@ TABLE_COLUMNS = (
     ("extern_host_us_per_call", "extern host µs per call (profiled)"),
     ("profiled_host_us", "host µs per call (profiled)"),
     ("wrapper_us_per_triton_launch", "host µs per Triton launch, externs excluded"),
+    ("wrapper_own_us_per_call", "the wrapper's own host µs per call (profiled)"),
     ("gpu_busy_us_per_step", "GPU busy µs per step (back to back)"),
     ("gpu_gap_between_steps_us", "GPU idle µs between steps"),
     ("gpu_gaps_inside_step_us", "GPU idle µs inside a step"),
@@ -177,6 +182,8 @@ TABLE_COLUMNS = (
 )
 # Profiler events that launch work on the GPU (runtime and driver API calls).
 LAUNCH_MARKERS = ("LaunchKernel", "GraphLaunch", "Memcpy", "Memset")
+# The range Inductor opens around each call of a compiled graph.
+GRAPH_RANGE = "## Call CompiledFxGraph"
 
 
 def progress(message: str) -> None:
@@ -293,8 +300,10 @@ def launch_split(events: Any, calls: int) -> dict[str, float]:
     in Python and by our wrapper under config.cpp.enable_kernel_profile) and
     the extern calls: the outermost ATen op (``aten::*``, the dispatcher's
     range) or C-shim call (``aoti_torch_*``, our wrapper's range) that
-    launches GPU work, with their host time.  Only host events count: the
-    GPU's own records of Triton kernels bear the same names."""
+    launches GPU work, with their host time; and the wrapper's own host
+    time: the self time of the compiled graphs' ranges (``## Call
+    CompiledFxGraph ...``) and of the Triton launch ranges.  Only host events
+    count: the GPU's own records of Triton kernels bear the same names."""
     events = [
         e for e in events if str(getattr(e, "device_type", "CPU")).endswith("CPU")
     ]
@@ -311,10 +320,13 @@ def launch_split(events: Any, calls: int) -> dict[str, float]:
             parent = parent.cpu_parent
         if not nested and _launches_gpu_work(e):
             externs.append(e)
+    graphs = [e for e in events if e.name.startswith(GRAPH_RANGE)]
     return {
         "triton_launches_per_call": len(triton) / calls,
         "extern_calls_per_call": len(externs) / calls,
         "extern_host_us_per_call": sum(e.cpu_time_total for e in externs) / calls,
+        "wrapper_own_us_per_call": sum(e.self_cpu_time_total for e in graphs + triton)
+        / calls,
     }
 
 
@@ -800,6 +812,14 @@ def markdown(records: list[dict[str, Any]]) -> str:
                 f"{a:.2f} / {b:.2f} = {a / b:.2f}; extern calls' profiled host µs "
                 f"per call {ours.get('extern_host_us_per_call', 0):.0f} / "
                 f"{python.get('extern_host_us_per_call', 0):.0f}"
+            )
+        a = ours.get("wrapper_own_us_per_call")
+        b = python.get("wrapper_own_us_per_call")
+        if a is not None and b:
+            lines.append(
+                f"- {workload}: the wrapper's own host µs per call (profiled), "
+                f"cppwrap-no-replay / python = {a:.0f} / {b:.0f} = {a / b:.2f} "
+                "(target ≤ 0.33)"
             )
     for r in records:
         for n, dump in enumerate(r.get("cuda_graph_dumps") or ()):

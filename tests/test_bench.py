@@ -10,6 +10,7 @@ import tempfile
 import threading
 import time
 import unittest
+import weakref
 from unittest import mock
 
 from torch._inductor.test_case import TestCase, run_tests
@@ -617,6 +618,25 @@ class TestReport(TestCase):
         best = _bench._best_round(rounds)
         self.assertEqual(best["compile_s"], 2.0)
         self.assertEqual(best["probe_of"]["compile_s"], 2.5)
+
+    def test_the_first_call_starts_from_a_collected_heap(self) -> None:
+        class Cycle:
+            pass
+
+        with _bench.gc_paused():  # only the call's own collection frees it
+            garbage = Cycle()
+            garbage.me = garbage  # type: ignore[attr-defined]
+            ref = weakref.ref(garbage)
+            del garbage
+            seen: list[object] = []
+            synced: list[bool] = []
+            actual, seconds = _bench.timed_first_call(
+                lambda: seen.append(ref()) or "out", lambda: synced.append(True)
+            )
+        self.assertEqual(seen, [None])
+        self.assertEqual(synced, [True])
+        self.assertEqual(actual, "out")
+        self.assertGreaterEqual(seconds, 0.0)
 
     def test_compile_phases_that_differ(self) -> None:
         cold_phases = {

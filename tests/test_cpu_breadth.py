@@ -5,6 +5,7 @@ not supported."""
 from __future__ import annotations
 
 import copy
+import functools
 import re
 import threading
 
@@ -81,6 +82,41 @@ class TestTrainingAndConstants(CppWrapperTestCase):
         for p, q in zip(model.parameters(), reference.parameters(), strict=True):
             torch.testing.assert_close(p, q)
         self.assertEqual(len(created), 2)  # the forward and the backward graph
+
+    def test_compiled_autograd_with_hooks_in_the_region(self) -> None:
+        # A hook registered inside the compiled region hands the forward graph
+        # a BackwardState input, which Inductor keeps no value for.
+        def build() -> torch.nn.Module:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(
+                torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)
+            )
+            model[0].weight.register_hook(lambda g: g * 2)
+            return model
+
+        def step(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+            y = model(x)
+            y.register_hook(lambda g: g + 1)
+            loss = y.sum()
+            loss.backward()
+            return loss
+
+        model, reference = build(), build()
+        x = torch.randn(4, 8)
+        for _ in range(2):  # the second accumulates into .grad
+            step(reference, x)
+        with (
+            torch._dynamo.config.patch(compiled_autograd=True),
+            our_wrappers_created() as created,
+        ):
+            # torch.compile reads the setting when it wraps the function.
+            compiled = torch.compile(functools.partial(step, model))
+            _, sources = run_and_get_code(compiled, x)
+            compiled(x)
+        for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)
+        self.assertGreaterEqual(len(created), 2)  # the forward, compiled autograd's
+        self.assertRegex("\n".join(sources), r"// args\[\d+\] \(\w+\): unused")
 
     def test_freezing_folds_constants(self) -> None:
         model = torch.nn.Sequential(

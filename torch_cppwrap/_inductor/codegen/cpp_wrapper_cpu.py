@@ -244,12 +244,21 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.entry.writeline(
             f"if (!cppwrap::check_args(args, {len(names)})) return nullptr;"
         )
-        if any(not isinstance(inputs[name], sympy.Expr) for name in names):
+        if any(
+            not isinstance(inputs.get(name), (sympy.Expr, type(None))) for name in names
+        ):
             # Python references to the inputs that are borrowed, not copied.
             self.entry.writeline(f"cppwrap::HeldInputs<{len(names)}> held;")
         unpacks = []
         for index, name in enumerate(names):
-            value = inputs[name]
+            value = inputs.get(name)
+            if value is None:
+                # Inductor keeps no value for a placeholder whose example is
+                # None or a BackwardState (compiled autograd's hooks): the
+                # graph never reads it, so its slot is counted and passed
+                # over.
+                self.entry.writeline(f"// args[{index}] ({name}): unused")
+                continue
             if isinstance(value, sympy.Expr):
                 ctype, fn = (
                     ("int64_t", "unpack_int")

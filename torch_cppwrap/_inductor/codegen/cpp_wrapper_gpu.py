@@ -566,7 +566,7 @@ class CppWrapperGpu(CppWrapperCpu):
         # has a size only known once the graph has run.
         bound: set[sympy.Symbol] = set()
         for name in self.get_graph_input_names():
-            value = inputs[name]
+            value = inputs.get(name)  # None: an unused slot (write_prefix)
             if isinstance(value, sympy.Expr):
                 if not value.is_integer:
                     return f"input {name} is a float"

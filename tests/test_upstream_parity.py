@@ -284,6 +284,36 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
         self.assertNotIn("CppWrapperCodeCache", source)
         self.assertIn("def call(", source)
 
+    def test_an_unexpected_error_falls_back_with_a_warning(self) -> None:
+        # A bug of ours (session 51's KeyError on compiled autograd's unused
+        # input was one) costs the graph its C++ wrapper, not the compile.
+        def broken(self: CppWrapperCpu, *args: object, **kwargs: object) -> None:
+            raise KeyError("primals_6")
+
+        x = torch.randn(32)
+        counters.clear()
+        with (
+            torch_cppwrap.config.patch(strict=False),
+            mock.patch.object(CppWrapperCpu, "write_prefix", broken),
+            self.assertLogs("torch_cppwrap._inductor.graph", "WARNING") as logs,
+        ):
+            result, (source,) = torch._inductor.utils.run_and_get_code(
+                torch.compile(self.fn), x
+            )
+        self.assertEqual(result, self.fn(x))
+        self.assertEqual(counters["inductor"]["cppwrap_python_wrapper_fallback"], 1)
+        self.assertEqual(counters["inductor"]["cppwrap_unexpected_errors"], 1)
+        (line,) = logs.output
+        self.assertIn("KeyError: 'primals_6'", line)
+        self.assertIn("Please report", line)
+        self.assertIn("def call(", source)
+        with (
+            torch_cppwrap.config.patch(strict=True),
+            mock.patch.object(CppWrapperCpu, "write_prefix", broken),
+            self.assertRaisesRegex(Exception, "primals_6"),
+        ):
+            torch.compile(lambda x: x.cos() * 3)(x)
+
     def test_graph_upstream_refuses_cpp_wrappers_falls_back(self) -> None:
         # Upstream's IR refuses some constructs to every C++ wrapper
         # (CppWrapperCodegenError: torch.cuda.use_mem_pool, ...); the graph

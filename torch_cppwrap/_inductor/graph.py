@@ -1,5 +1,7 @@
 """Never worse than upstream: a JIT graph our C++ wrapper cannot generate or
-build is compiled again with Inductor's Python wrapper.
+build is compiled again with Inductor's Python wrapper.  A known gap says why
+on the perf hints; any other error of the C++ wrapper's compile is a warning
+that asks for a report.
 
 Upstream's C++ wrapper compiles a graph or fails the whole ``torch.compile``;
 ours steps aside for that one graph.  ``torch_cppwrap.config.strict`` raises
@@ -9,6 +11,7 @@ instead (our tests run strict, so a gap cannot hide behind the fallback).
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +27,7 @@ from torch_cppwrap._inductor.codecache import CppWrapperCompileError
 
 # Upstream's graph.py logs its performance hints here (TORCH_LOGS=perf_hints).
 perf_hint_log = torch._logging.getArtifactLogger("torch._inductor.graph", "perf_hints")
+log = logging.getLogger(__name__)
 
 # What makes a graph fall back: a construct our generator does not handle,
 # one that upstream's IR refuses every C++ wrapper, or generated C++ that does
@@ -115,6 +119,10 @@ def _real_script_objects(graph: Any) -> None:
             graph.torchbind_constants[name] = value.real_obj
 
 
+def _first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:
     """Wraps ``GraphLowering._compile_to_module``."""
 
@@ -128,15 +136,31 @@ def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:
         except FALLBACK_ERRORS as error:
             if config.strict:
                 raise
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             perf_hint_log.info(
                 "torch_cppwrap: graph %s is compiled with the Python wrapper "
                 "instead of the C++ wrapper: %s: %s",
                 graph.graph_id,
                 type(error).__name__,
-                reason,
+                _first_line(error),
             )
             counters["inductor"]["cppwrap_python_wrapper_fallback"] += 1
+        except Exception as error:
+            # Not a known gap: a bug of ours, most likely (or an error of
+            # Inductor's own, which the Python wrapper's compile raises
+            # again).  The graph still compiles, and the user hears of it.
+            if config.strict:
+                raise
+            log.warning(
+                "torch_cppwrap: generating or building the C++ wrapper of "
+                "graph %s failed unexpectedly (%s: %s); compiling it with the "
+                "Python wrapper instead. Please report this to torch_cppwrap.",
+                graph.graph_id,
+                type(error).__name__,
+                _first_line(error),
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
+            counters["inductor"]["cppwrap_python_wrapper_fallback"] += 1
+            counters["inductor"]["cppwrap_unexpected_errors"] += 1
         _reset_for_codegen(graph)
         _real_script_objects(graph)
         graph.cpp_wrapper = False

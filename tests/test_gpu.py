@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import subprocess
 import sys
 import textwrap
@@ -1314,6 +1315,41 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         self.assertEqual(counters["inductor"]["cppwrap_cuda_graph_skips"], 1)
         self.assertNotIn("GraphReplay", source)
         self.assertIn("cuda_graph_blocker = 'the graph mutates an input'", source)
+
+    def test_compiled_autograd_hook_input_runs_kernel_by_kernel(self) -> None:
+        # A hook registered inside the region gives the forward a
+        # BackwardState input: an unused slot, which no replay can copy in.
+        def build() -> torch.nn.Module:
+            torch.manual_seed(0)
+            return torch.nn.Sequential(
+                torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)
+            ).cuda()
+
+        def step(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+            y = model(x)
+            y.register_hook(lambda g: g * 3)
+            y.square().sum().backward()
+            grads = [p.grad.clone() for p in model.parameters()]
+            model.zero_grad(set_to_none=True)
+            return grads
+
+        model, reference = build(), build()
+        x = torch.randn(16, 32, device="cuda")
+        sources: list[str] = []
+        with (
+            torch._dynamo.config.patch(compiled_autograd=True),
+            our_wrappers_created() as created,
+            mock.patch.object(GraphLowering, "save_output_code", sources.append),
+        ):
+            compiled = torch.compile(functools.partial(step, model))
+            ours = [compiled(x) for _ in range(3)]
+        self.assertGreaterEqual(len(created), 2)
+        self.assertRegex(
+            "\n".join(sources), r"cuda_graph_blocker = 'input \w+ is not a tensor'"
+        )
+        expected = step(reference, x)
+        for grads in ours:
+            self.assertEqual(grads, expected, atol=1e-4, rtol=1e-4)
 
 
 class TestDevices(CudaWrapperTestCase):

@@ -5,6 +5,7 @@ Python wrapper that keeps any remaining gap from failing a user's compile."""
 from __future__ import annotations
 
 import unittest
+from collections.abc import Callable
 from unittest import mock
 
 import torch
@@ -265,24 +266,31 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
     def fn(self, x: torch.Tensor) -> torch.Tensor:
         return (x + 1).sin() * 2
 
-    def test_unsupported_graph_falls_back_to_the_python_wrapper(self) -> None:
+    def fall_back(self, failing: Callable[..., None]) -> str:
+        """Compiles `fn` outside strict mode with our write_prefix raising as
+        `failing` does: the graph must fall back to the Python wrapper and
+        match eager.  Returns the module's source."""
         x = torch.randn(32)
         counters.clear()
         with (
             torch_cppwrap.config.patch(strict=False),
-            mock.patch.object(CppWrapperCpu, "write_prefix", _unsupported),
-            self.assertLogs("torch._inductor.graph.__perf_hints", "INFO") as logs,
+            mock.patch.object(CppWrapperCpu, "write_prefix", failing),
         ):
             result, (source,) = torch._inductor.utils.run_and_get_code(
                 torch.compile(self.fn), x
             )
         self.assertEqual(result, self.fn(x))
         self.assertEqual(counters["inductor"]["cppwrap_python_wrapper_fallback"], 1)
-        (line,) = [m for m in logs.output if "torch_cppwrap" in m]
-        self.assertIn("a construct this test pretends is new", line)
         # The Python wrapper's module, not ours.
         self.assertNotIn("CppWrapperCodeCache", source)
         self.assertIn("def call(", source)
+        return source
+
+    def test_unsupported_graph_falls_back_to_the_python_wrapper(self) -> None:
+        with self.assertLogs("torch._inductor.graph.__perf_hints", "INFO") as logs:
+            self.fall_back(_unsupported)
+        (line,) = [m for m in logs.output if "torch_cppwrap" in m]
+        self.assertIn("a construct this test pretends is new", line)
 
     def test_an_unexpected_error_falls_back_with_a_warning(self) -> None:
         # A bug of ours (session 51's KeyError on compiled autograd's unused
@@ -290,29 +298,18 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
         def broken(self: CppWrapperCpu, *args: object, **kwargs: object) -> None:
             raise KeyError("primals_6")
 
-        x = torch.randn(32)
-        counters.clear()
-        with (
-            torch_cppwrap.config.patch(strict=False),
-            mock.patch.object(CppWrapperCpu, "write_prefix", broken),
-            self.assertLogs("torch_cppwrap._inductor.graph", "WARNING") as logs,
-        ):
-            result, (source,) = torch._inductor.utils.run_and_get_code(
-                torch.compile(self.fn), x
-            )
-        self.assertEqual(result, self.fn(x))
-        self.assertEqual(counters["inductor"]["cppwrap_python_wrapper_fallback"], 1)
+        with self.assertLogs("torch_cppwrap._inductor.graph", "WARNING") as logs:
+            self.fall_back(broken)
         self.assertEqual(counters["inductor"]["cppwrap_unexpected_errors"], 1)
         (line,) = logs.output
         self.assertIn("KeyError: 'primals_6'", line)
         self.assertIn("Please report", line)
-        self.assertIn("def call(", source)
         with (
             torch_cppwrap.config.patch(strict=True),
             mock.patch.object(CppWrapperCpu, "write_prefix", broken),
             self.assertRaisesRegex(Exception, "primals_6"),
         ):
-            torch.compile(lambda x: x.cos() * 3)(x)
+            torch.compile(lambda x: x.cos() * 3)(torch.randn(32))
 
     def test_graph_upstream_refuses_cpp_wrappers_falls_back(self) -> None:
         # Upstream's IR refuses some constructs to every C++ wrapper
@@ -321,18 +318,7 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
         def refused(self: CppWrapperCpu, *args: object, **kwargs: object) -> None:
             raise CppWrapperCodegenError("a construct upstream refuses C++ wrappers")
 
-        x = torch.randn(32)
-        counters.clear()
-        with (
-            torch_cppwrap.config.patch(strict=False),
-            mock.patch.object(CppWrapperCpu, "write_prefix", refused),
-        ):
-            result, (source,) = torch._inductor.utils.run_and_get_code(
-                torch.compile(self.fn), x
-            )
-        self.assertEqual(result, self.fn(x))
-        self.assertEqual(counters["inductor"]["cppwrap_python_wrapper_fallback"], 1)
-        self.assertIn("def call(", source)
+        self.fall_back(refused)
 
     def test_torchbind_object_arguments_fall_back(self) -> None:
         # A TorchBind object lifted into the graph is an IR node like a

@@ -47,6 +47,22 @@ class TestDynamicShapes(CppWrapperTestCase):
         (source,) = self.check(fn, (x,), atol=1e-4, rtol=1e-4)
         self.assertRegex(source, r"int64_t s\d+")
 
+    def test_jagged_nested_tensor(self) -> None:
+        # The graph takes the ragged size as a nested int, a symbol with no
+        # value; the Python wrapper binds it and never reads it.
+        weight = torch.randn(16, 8)
+
+        def fn(t):
+            return (F.linear(t, weight).relu() * 2).values()
+
+        for lengths in ((3, 5), (2, 7, 4)):
+            nt = torch.nested.nested_tensor(
+                [torch.randn(n, 8) for n in lengths], layout=torch.jagged
+            )
+            result, (source,) = self.compile_and_run(fn, (nt,), dynamic=None)
+            torch.testing.assert_close(result, fn(nt), atol=1e-4, rtol=1e-4)
+            self.assertRegex(source, r"// args\[\d+\] \(\w+\): unused")
+
     def test_symbolic_int_output(self) -> None:
         def fn(x):
             return x * 2, x.shape[0] * 3

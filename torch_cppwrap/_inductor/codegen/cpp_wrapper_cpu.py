@@ -238,6 +238,27 @@ class CppWrapperCpu(PythonWrapperCodegen):
         if self.uses_triton_tuning:
             super().generate_and_run_autotune_block()
 
+    @functools.cached_property
+    def _nested_int_inputs(self) -> set[str]:
+        """The graph's int inputs that are nested ints: a jagged tensor's
+        ragged size, a symbol with no value (the Python wrapper binds it and
+        never reads it)."""
+        return {
+            str(node.target)
+            for node in V.graph.graph.find_nodes(op="placeholder")
+            if isinstance(val := node.meta.get("val"), torch.SymInt)
+            and val.node.is_nested_int()
+        }
+
+    def get_graph_inputs(self) -> dict[str, Any]:
+        # A nested int is an unused slot, as an input Inductor keeps no value
+        # for (write_prefix); a wrapper that read its symbol would not build,
+        # and the graph would fall back to the Python wrapper.
+        inputs = super().get_graph_inputs()
+        if not self._nested_int_inputs:
+            return inputs
+        return {k: v for k, v in inputs.items() if k not in self._nested_int_inputs}
+
     def write_prefix(self) -> None:
         inputs = self.get_graph_inputs()
         names = self.get_graph_input_names()
@@ -254,9 +275,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
             value = inputs.get(name)
             if value is None:
                 # Inductor keeps no value for a placeholder whose example is
-                # None or a BackwardState (compiled autograd's hooks): the
-                # graph never reads it, so its slot is counted and passed
-                # over.
+                # None or a BackwardState (compiled autograd's hooks), and
+                # get_graph_inputs leaves out nested ints: the graph never
+                # reads them, so each slot is counted and passed over.
                 self.entry.writeline(f"// args[{index}] ({name}): unused")
                 continue
             if isinstance(value, sympy.Expr):

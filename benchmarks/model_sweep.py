@@ -14,7 +14,10 @@ each setting:
 - ``dynamic``: ``dynamic=True``, called again on shorter token ids;
 - ``memory_planning``, ``freezing``: that Inductor setting on;
 - ``backward``: eval mode (no dropout) with gradients: the loss and every
-  parameter's gradient against eager's, relative to the largest gradient.
+  parameter's gradient against eager's, relative to the largest gradient;
+- ``compiled_autograd``: the same, the loss's ``backward()`` called inside
+  the compiled function with Dynamo's compiled autograd on, which compiles
+  the backward as a graph of its own.
 
 One process runs every case (``torch._dynamo.reset()`` between them);
 torch_cppwrap runs strict, so a graph ours cannot handle fails its case
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -45,7 +49,15 @@ if str(HERE) not in sys.path:
 import bench  # noqa: E402  (beside this script)
 import models  # noqa: E402
 
-SETTINGS = ("default", "dynamic", "memory_planning", "freezing", "backward")
+SETTINGS = (
+    "default",
+    "dynamic",
+    "memory_planning",
+    "freezing",
+    "backward",
+    "compiled_autograd",
+)
+BACKWARD_SETTINGS = ("backward", "compiled_autograd")
 TIMM_MODELS = ("resnet18", "vit_tiny", "mobilenetv3")
 # float32 throughout; gradients are compared relative to their largest.
 TOL = 1e-3
@@ -113,13 +125,24 @@ def module_of(fn: Any) -> Any:
 
 @contextlib.contextmanager
 def setting_config(setting: str, cpp_wrapper: bool = True) -> Iterator[None]:
+    import torch._dynamo
     from torch._inductor import config
 
     patches: dict[str, Any] = {"cpp_wrapper": cpp_wrapper, "fx_graph_cache": False}
     if setting in ("memory_planning", "freezing"):
         patches[setting] = True
-    with config.patch(patches):
+    compiled_autograd = setting == "compiled_autograd"
+    with (
+        config.patch(patches),
+        torch._dynamo.config.patch(compiled_autograd=compiled_autograd),
+    ):
         yield
+
+
+def loss_and_backward(fn: Callable[..., Any], *args: Any) -> Any:
+    loss = fn(*args).float().square().mean()
+    loss.backward()
+    return loss
 
 
 def run_case(
@@ -135,19 +158,26 @@ def run_case(
     torch._dynamo.reset()
     eager_fn, args = fresh(build, device)
     compiled_fn, compiled_args = fresh(build, device)
-    compiled = torch.compile(
-        compiled_fn, dynamic=True if setting == "dynamic" else None
-    )
     before = bench.loaded_module_count()
     errors: list[float] = []
     ok = True
     with setting_config(setting, cpp_wrapper):
-        if setting == "backward":
-            loss = eager_fn(*args).float().square().mean()
-            loss.backward()
+        # torch.compile reads compiled_autograd when it wraps the function,
+        # which applies it to a backward() called inside.
+        compiled = torch.compile(
+            functools.partial(loss_and_backward, compiled_fn)
+            if setting == "compiled_autograd"
+            else compiled_fn,
+            dynamic=True if setting == "dynamic" else None,
+        )
+        if setting in BACKWARD_SETTINGS:
+            loss = loss_and_backward(eager_fn, *args)
             started = time.perf_counter()
-            compiled_loss = compiled(*compiled_args).float().square().mean()
-            compiled_loss.backward()
+            compiled_loss = (
+                compiled(*compiled_args)
+                if setting == "compiled_autograd"
+                else loss_and_backward(compiled, *compiled_args)
+            )
             case.compile_s = time.perf_counter() - started
             same, err = bench.compare(compiled_loss, loss, rtol=TOL, atol=TOL)
             ok, errors = ok and same, [err]

@@ -8,6 +8,7 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
+from torch._dynamo.utils import counters
 from torch._inductor.test_case import TestCase, run_tests
 
 from tests.common import HAS_TRANSFORMERS, load_script, seed_cache
@@ -38,8 +39,9 @@ class TestSweep(TestCase):
             return code, rows, (Path(out) / "sweep.md").read_text()
 
     def test_a_model_compiles_with_ours_and_matches(self) -> None:
+        counters.clear()
         code, rows, text = self.sweep(
-            "--models", "opt", "--settings", "default,backward"
+            "--models", "opt", "--settings", "default,backward,compiled_autograd"
         )
         self.assertEqual(code, 0)
         self.assertEqual(
@@ -47,11 +49,15 @@ class TestSweep(TestCase):
             [
                 ("opt", "default", "ok"),
                 ("opt", "backward", "ok"),
+                ("opt", "compiled_autograd", "ok"),
             ],
         )
         self.assertEqual(rows[0]["graphs"], 1)
         self.assertEqual(rows[1]["graphs"], 2)  # forward and backward
-        self.assertIn("2 of 2 cases", text)
+        # The forward, and the backward compiled autograd traced.
+        self.assertEqual(rows[2]["graphs"], 2)
+        self.assertEqual(counters["compiled_autograd"]["captures"], 1)
+        self.assertIn("3 of 3 cases", text)
 
     def test_a_mismatch_and_a_fallback_are_rows_not_crashes(self) -> None:
         with mock.patch.object(_sweep.bench, "compare", return_value=(False, 0.5)):

@@ -164,9 +164,10 @@ def run_case(
     with setting_config(setting, cpp_wrapper):
         # torch.compile reads compiled_autograd when it wraps the function,
         # which applies it to a backward() called inside.
+        inside = setting == "compiled_autograd"
         compiled = torch.compile(
             functools.partial(loss_and_backward, compiled_fn)
-            if setting == "compiled_autograd"
+            if inside
             else compiled_fn,
             dynamic=True if setting == "dynamic" else None,
         )
@@ -175,7 +176,7 @@ def run_case(
             started = time.perf_counter()
             compiled_loss = (
                 compiled(*compiled_args)
-                if setting == "compiled_autograd"
+                if inside
                 else loss_and_backward(compiled, *compiled_args)
             )
             case.compile_s = time.perf_counter() - started

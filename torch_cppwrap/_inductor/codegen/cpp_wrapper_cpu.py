@@ -265,9 +265,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         self.entry.writeline(
             f"if (!cppwrap::check_args(args, {len(names)})) return nullptr;"
         )
-        if any(
-            not isinstance(inputs.get(name), (sympy.Expr, type(None))) for name in names
-        ):
+        if any(not isinstance(value, sympy.Expr) for value in inputs.values()):
             # Python references to the inputs that are borrowed, not copied.
             self.entry.writeline(f"cppwrap::HeldInputs<{len(names)}> held;")
         unpacks = []

@@ -4,6 +4,7 @@ Python wrapper that keeps any remaining gap from failing a user's compile."""
 
 from __future__ import annotations
 
+import functools
 import unittest
 from collections.abc import Callable
 from unittest import mock
@@ -13,6 +14,11 @@ from torch._dynamo.utils import counters
 from torch._inductor import config, cpu_vec_isa
 from torch._inductor.exc import CppWrapperCodegenError
 from torch._inductor.test_case import TestCase, run_tests
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 import torch_cppwrap
 from tests.common import CppWrapperTestCase
@@ -360,6 +366,45 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
             self.assertRaisesRegex(Exception, "TorchBind object arguments"),
         ):
             torch._inductor.compile(module, (x,))
+
+    @config.patch(fallback_random=True)
+    def test_python_pass_decides_its_own_op_lookups(self) -> None:
+        # A random op without tensor arguments that a checkpoint recomputes
+        # (torch.randn(n) in the region) fails in Inductor's own code for C++
+        # wrappers, which look its higher-order wrapper up at run time.  The
+        # fallback's Python pass inherited that choice from the node and
+        # failed the same way, so the compile failed.
+        def recompute(ctx, op, *args, **kwargs):
+            return CheckpointPolicy.MUST_RECOMPUTE
+
+        def fn(x):
+            context = functools.partial(create_selective_checkpoint_contexts, recompute)
+            return checkpoint(
+                lambda x: x.relu() * torch.randn(x.shape[-1]),
+                x,
+                use_reentrant=False,
+                context_fn=context,
+            )
+
+        def step(f):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+            x.requires_grad_()
+            torch.manual_seed(0)
+            out = f(x)
+            out.sum().backward()
+            return out, x.grad
+
+        expected = step(fn)
+        counters.clear()
+        with (
+            torch_cppwrap.config.patch(strict=False),
+            self.assertLogs("torch_cppwrap._inductor.graph", "WARNING"),
+        ):
+            actual = step(torch.compile(fn))
+        self.assertEqual(actual, expected)
+        self.assertGreaterEqual(
+            counters["inductor"]["cppwrap_python_wrapper_fallback"], 1
+        )
 
     def test_strict_mode_raises(self) -> None:
         with (

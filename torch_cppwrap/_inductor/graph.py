@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config
-from torch._inductor import metrics
+from torch._inductor import ir, metrics
 from torch._inductor.exc import CppWrapperCodegenError
 
 from torch_cppwrap import config
@@ -60,6 +60,12 @@ def _reset_for_codegen(graph: Any) -> None:
     graph.sizevars.precomputed_replacements.clear()
     graph.sizevars.inv_precomputed_replacements.clear()
     metrics.reset()
+    # A fallback kernel decides at codegen whether a C++ wrapper must look
+    # its op up at run time; the Python wrapper's pass decides afresh (a
+    # higher-order op without tensor arguments cannot take the C++ route).
+    for operation in graph.operations:
+        if isinstance(operation, ir.FallbackKernel):
+            operation.use_runtime_dispatch = False
 
 
 # Inductor's cpp_wrapper settings have each Triton kernel keep its binary on

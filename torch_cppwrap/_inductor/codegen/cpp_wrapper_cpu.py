@@ -41,6 +41,7 @@ from torch._inductor.codegen.wrapper import (
 )
 from torch._inductor.utils import sympy_product
 from torch._inductor.virtualized import V
+from torch._prims import rng_prims
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._ordered_set import OrderedSet
 
@@ -908,6 +909,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
         raw_args: Sequence[Any],
         outputs: Sequence[Any],
     ) -> None:
+        if op_overload in _RNG_STATE_WRAPPERS:
+            self._generate_rng_state_wrapper(buf_name, op_overload, outputs)
+            return
         if not isinstance(op_overload, torch._ops.OpOverload):
             raise NotImplementedError(
                 f"torch_cppwrap: {python_kernel_name} is not supported by the C++ wrapper"
@@ -916,6 +920,44 @@ class CppWrapperCpu(PythonWrapperCodegen):
             self.generate_collective(buf_name, op_overload, raw_args, outputs)
             return
         self._generate_boxed_call(buf_name, op_overload, raw_args, outputs)
+
+    def _generate_rng_state_wrapper(
+        self, buf_name: str, wrapper: Any, outputs: Sequence[Any]
+    ) -> None:
+        """Activation checkpointing's wrappers around a random op that the
+        backward recomputes (with config.fallback_random): the forward's
+        run_and_save_rng_state(op, *args) returns the generator's state from
+        before the op, then the op's results; the backward's
+        run_with_rng_state(state, op, *args) runs the op from that state and
+        leaves the generator as it found it.  The op goes through the
+        dispatcher, with the arguments the node holds (the flattened ones
+        Inductor hands over drop the op's keyword arguments)."""
+        node = V.graph.get_buffer(buf_name)
+        assert isinstance(node, ir.FallbackKernel)
+        args, kwargs = node.unflatten_args(node.inputs, node.constant_args)
+        if wrapper is rng_prims.run_and_save_rng_state:
+            state, (op, *op_args) = None, args
+        else:
+            state, (op, *op_args) = args[0], args[1:]
+        values = _schema_values(op, op_args, kwargs)
+        device = spell.device_args(
+            _device_of(values) or node.get_device() or torch.device(self.device)
+        )
+        if state is None:
+            state_out, op_outputs = outputs
+            self.writeline(
+                f"auto {state_out.get_name()} = cppwrap::get_rng_state({device});"
+            )
+            self.declared.add(state_out.get_name())
+            self._generate_boxed_call(buf_name, op, values, op_outputs, result_depth=1)
+            return
+        before = f"{buf_name}_rng_before"
+        self.writeline(f"auto {before} = cppwrap::get_rng_state({device});")
+        self.writeline(
+            f"cppwrap::set_rng_state({device}, {state.codegen_reference()});"
+        )
+        self._generate_boxed_call(buf_name, op, values, outputs)
+        self.writeline(f"cppwrap::set_rng_state({device}, {before});")
 
     def generate_extern_kernel_alloc(self, node: ir.ExternKernelAlloc) -> None:
         # all_reduce_ and wait_tensor come here (their IR nodes name a C shim);
@@ -997,9 +1039,12 @@ class CppWrapperCpu(PythonWrapperCodegen):
         outputs: Any,
         *,
         below_autograd: bool = False,
+        result_depth: int = 0,
     ) -> None:
         """A call through the dispatcher: arguments pushed by schema type,
-        results read back into the output buffers."""
+        results read back into the output buffers (whose indices start
+        `result_depth` levels above the op's results: an op that a
+        higher-order op wraps)."""
         self.replay_blockers.append(f"{op} runs through the dispatcher")
         handle = self._op_handle(op)
         # The node groups its outputs, unless it is its own one output (as an
@@ -1018,16 +1063,18 @@ class CppWrapperCpu(PythonWrapperCodegen):
         run = "run_below_autograd" if below_autograd else "run"
         self.writeline(f"{call}{''.join(pushes)}.{run}();")
         if op._schema.returns:
-            self._read_results(call, op, outputs)
+            self._read_results(call, op, outputs, result_depth)
         self.writeline(f"{call}.finish();")
 
-    def _read_results(self, call: str, op: torch._ops.OpOverload, outputs: Any) -> None:
+    def _read_results(
+        self, call: str, op: torch._ops.OpOverload, outputs: Any, depth: int = 0
+    ) -> None:
         returns = op._schema.returns
         for out in _flatten(outputs):
             if isinstance(out, ir.MultiOutput):
                 # Its indices say where it sits: (tuple, i) picks the i-th
                 # return, (list, j) the j-th element of a Tensor[] return.
-                path = [(kind, i) for kind, i in out.indices]
+                path = [(kind, i) for kind, i in out.indices[depth:]]
                 if path and issubclass(path[0][0], tuple):
                     index, rest = path[0][1], path[1:]
                 else:
@@ -1700,6 +1747,30 @@ def _is_collective(op: Any) -> TypeGuard[torch._ops.OpOverload]:
     return (
         isinstance(op, torch._ops.OpOverload) and op.namespace in COLLECTIVE_NAMESPACES
     )
+
+
+# Activation checkpointing's wrappers of a recomputed random op.
+_RNG_STATE_WRAPPERS = (rng_prims.run_and_save_rng_state, rng_prims.run_with_rng_state)
+
+
+def _schema_values(
+    op: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+) -> list[Any]:
+    """`op`'s arguments in schema order: those given, then its defaults."""
+    arguments = op._schema.arguments
+    return [
+        *args,
+        *(kwargs.get(arg.name, arg.default_value) for arg in arguments[len(args) :]),
+    ]
+
+
+def _device_of(values: Sequence[Any]) -> torch.device | None:
+    """The device of an op's first tensor argument, else its device
+    argument, as torch._prims.rng_prims picks a generator."""
+    for value in values:
+        if isinstance(value, ir.IRNode) and (device := value.get_device()):
+            return device
+    return next((v for v in values if isinstance(v, torch.device)), None)
 
 
 def _op_from_python_name(name: str) -> torch._ops.OpOverload:

@@ -17,7 +17,7 @@
 
 // Bumped whenever CppwrapApi changes, so that a graph module built against
 // another table refuses to load instead of calling the wrong entry.
-#define CPPWRAP_API_VERSION 10
+#define CPPWRAP_API_VERSION 11
 #define CPPWRAP_API_CAPSULE "torch_cppwrap._C._api"
 
 #ifdef __cplusplus
@@ -182,6 +182,14 @@ typedef struct CppwrapApi {
       int32_t device, const void* stream, int64_t epoch, PoolCopy copy, void* context);
   // The graph that lent the memory of the tensor in `slot`, or null.
   const void* (*pool_lender)(const void* slot);
+
+  // --- The default random generator of a device (the current one where
+  // `device_index` < 0), under its lock, as torch.get_rng_state() and
+  // torch.set_rng_state() (torch.cuda's for CUDA) read and set it: for
+  // activation checkpointing's run_and_save_rng_state and run_with_rng_state.
+  // `dst` gets the state (a CPU byte tensor); `src` holds one. ---
+  int (*get_rng_state)(int32_t device_type, int32_t device_index, void* dst);
+  int (*set_rng_state)(int32_t device_type, int32_t device_index, const void* src);
 } CppwrapApi;
 
 #ifdef __cplusplus

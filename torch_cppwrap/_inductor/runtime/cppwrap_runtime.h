@@ -367,6 +367,24 @@ inline double item_double(const Tensor& t) {
   return value;
 }
 
+// The state of a device's default random generator (device_index < 0: the
+// current device's), and setting it: run_and_save_rng_state and
+// run_with_rng_state, activation checkpointing's wrappers around a random op.
+inline Tensor get_rng_state(int32_t device_type, int32_t device_index) {
+  Tensor state;
+  if (api->get_rng_state(device_type, device_index, state.slot()) != 0) {
+    fail_runtime("get_rng_state");
+  }
+  return state;
+}
+
+inline void set_rng_state(
+    int32_t device_type, int32_t device_index, const Tensor& state) {
+  if (api->set_rng_state(device_type, device_index, state.slot()) != 0) {
+    fail_runtime("set_rng_state");
+  }
+}
+
 // Checks a graph input's device and dtype, and its sizes and strides when
 // given (config.size_asserts); `name` names the input in the error.
 inline void check_input(

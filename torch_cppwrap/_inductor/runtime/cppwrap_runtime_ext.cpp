@@ -889,6 +889,33 @@ const void* pool_lender(const void* slot) {
   return static_cast<const PoolLoan*>(data.get_context())->lender;
 }
 
+// ---- random generators' state ----
+
+at::Generator default_generator(int32_t device_type, int32_t device_index) {
+  return at::globalContext().defaultGenerator(c10::Device(
+      static_cast<c10::DeviceType>(device_type),
+      static_cast<c10::DeviceIndex>(device_index)));
+}
+
+int get_rng_state(int32_t device_type, int32_t device_index, void* dst) {
+  return guarded([&] {
+    at::Generator generator = default_generator(device_type, device_index);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    new (dst) at::Tensor(generator.get_state());
+  });
+}
+
+int set_rng_state(int32_t device_type, int32_t device_index, const void* src) {
+  return guarded([&] {
+    at::Generator generator = default_generator(device_type, device_index);
+    // set_state reads the bytes of a contiguous tensor (torch.cuda's
+    // set_rng_state hands it a contiguous copy).
+    at::Tensor state = tensor_at(src).contiguous();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  });
+}
+
 const CppwrapApi api_table = {
     CPPWRAP_API_VERSION,
     static_cast<int32_t>(sizeof(at::Tensor)),
@@ -946,6 +973,8 @@ const CppwrapApi api_table = {
     pool_lend,
     pool_reclaim,
     pool_lender,
+    get_rng_state,
+    set_rng_state,
 };
 
 }  // namespace

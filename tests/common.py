@@ -21,9 +21,15 @@ import torch.utils._pytree as pytree
 from torch._inductor import config
 from torch._inductor.test_case import TestCase
 from torch._inductor.utils import run_and_get_code
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 import torch_cppwrap  # the import patches Inductor
 from torch_cppwrap._inductor import codecache
+from torch_cppwrap._inductor.codegen import cpp_spellings as spell
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
 REPO = Path(__file__).resolve().parent.parent
@@ -209,6 +215,53 @@ class CppWrapperTestCase(TestCase):
         # Inputs mutated in place must match too.
         torch.testing.assert_close(actual_args, eager_args, **kwargs)
         return sources
+
+    def check_recomputed_random_ops(self, device: str) -> None:
+        """A checkpoint policy that recomputes random ops makes AOTAutograd
+        wrap each (with config.fallback_random): the forward saves the
+        generator's state before the op (run_and_save_rng_state) and the
+        backward runs the op again from it (run_with_rng_state), so both draw
+        the same numbers.  Upstream's C++ wrapper refuses both."""
+
+        def recompute(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+            return CheckpointPolicy.MUST_RECOMPUTE
+
+        def block(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            y = torch.nn.functional.dropout((x @ w).relu(), p=0.5, training=True)
+            return y * torch.rand_like(y)
+
+        def fn(x: torch.Tensor, w: torch.Tensor) -> Any:
+            context = functools.partial(create_selective_checkpoint_contexts, recompute)
+            return checkpoint(block, x, w, use_reentrant=False, context_fn=context)
+
+        def step(f: Callable[..., Any]) -> tuple[torch.Tensor, ...]:
+            x, w = (
+                torch.randn(*size, generator=torch.Generator().manual_seed(seed))
+                .to(device)
+                .requires_grad_()
+                for size, seed in (((8, 16), 1), ((16, 16), 2))
+            )
+            torch.manual_seed(0)
+            out = f(x, w)
+            out.backward(torch.ones_like(out))
+            # The generator goes on from where eager leaves it.
+            return out, x.grad, w.grad, torch.rand(4, device=device)
+
+        with config.patch(fallback_random=True):
+            expected = step(fn)
+            compiled = torch.compile(fn)
+            with our_wrappers_created() as created:
+                actual, sources = run_and_get_code(step, compiled)
+                again = step(compiled)
+        self.assertEqual(len(created), 2)  # the forward and the backward graph
+        for result in (actual, again):
+            self.assertEqual(result[:3], expected[:3])
+            self.assertTrue(torch.equal(result[3], expected[3]))
+        code = "\n".join(sources)
+        # Two random ops saved in the forward, replayed in the backward.
+        kind = spell.DEVICE_TYPE[device]
+        self.assertEqual(code.count(f"= cppwrap::get_rng_state({kind}"), 4)
+        self.assertEqual(code.count(f"cppwrap::set_rng_state({kind}"), 4)
 
 
 # A wrapper module that returns its one input: the smallest thing the code

@@ -14,11 +14,6 @@ import torch.nn.functional as F
 from torch._inductor import config
 from torch._inductor.test_case import run_tests
 from torch._inductor.utils import run_and_get_code
-from torch.utils.checkpoint import (
-    CheckpointPolicy,
-    checkpoint,
-    create_selective_checkpoint_contexts,
-)
 
 from tests.common import CppWrapperTestCase, our_wrappers_created
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
@@ -179,50 +174,8 @@ class TestRandom(CppWrapperTestCase):
         torch.testing.assert_close(a, b)
         self.assertFalse(torch.equal(a, c))
 
-    @config.patch(fallback_random=True)
     def test_recomputed_random_ops_replay_their_rng_state(self) -> None:
-        # A checkpoint policy that recomputes random ops makes AOTAutograd
-        # wrap each: the forward saves the generator's state before the op
-        # (run_and_save_rng_state) and the backward runs the op again from it
-        # (run_with_rng_state), so both draw the same numbers.  Upstream's
-        # C++ wrapper refuses both higher-order ops.
-        def recompute(ctx, op, *args, **kwargs):
-            return CheckpointPolicy.MUST_RECOMPUTE
-
-        def block(x, w):
-            y = F.dropout((x @ w).relu(), p=0.5, training=True)
-            return y * torch.rand_like(y)
-
-        def fn(x, w):
-            context = functools.partial(create_selective_checkpoint_contexts, recompute)
-            return checkpoint(block, x, w, use_reentrant=False, context_fn=context)
-
-        def step(f):
-            x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
-            w = torch.randn(16, 16, generator=torch.Generator().manual_seed(2))
-            x.requires_grad_()
-            w.requires_grad_()
-            torch.manual_seed(0)
-            out = f(x, w)
-            out.backward(torch.ones_like(out))
-            # The generator goes on from where eager leaves it.
-            return out, x.grad, w.grad, torch.rand(4)
-
-        expected = step(fn)
-        compiled = torch.compile(fn)
-        with our_wrappers_created() as created:
-            actual, sources = run_and_get_code(step, compiled)
-            again = step(compiled)
-        self.assertEqual(len(created), 2)  # the forward and the backward graph
-        for result in (actual, again):
-            for a, e in zip(result, expected, strict=True):
-                self.assertTrue(torch.equal(a, e))
-        code = "\n".join(sources)
-        # Two random ops saved in the forward, replayed in the backward.
-        self.assertEqual(
-            code.count("= cppwrap::get_rng_state(cppwrap::device::kCPU"), 4
-        )
-        self.assertEqual(code.count("cppwrap::set_rng_state("), 4)
+        self.check_recomputed_random_ops("cpu")
 
 
 class TestOps(CppWrapperTestCase):

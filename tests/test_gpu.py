@@ -1268,6 +1268,11 @@ class TestCudaGraphReplay(CudaWrapperTestCase):
         for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
             self.assertEqual(a, b, atol=1e-4, rtol=1e-4, msg=f"step {step}")
 
+    def test_recomputed_random_ops_replay_their_rng_state(self) -> None:
+        # As on the CPU, with the CUDA generator's state (kernel by kernel:
+        # a generator's state is set on the host).
+        self.check_recomputed_random_ops("cuda")
+
     def test_training_attention_with_dropout(self) -> None:
         # Its backward graph gets the forward's RNG state (philox seed and
         # offset): 0-d CPU tensors where the graph was traced with CUDA ones.

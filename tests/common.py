@@ -127,6 +127,18 @@ def _clone(value: Any) -> Any:
     return copy.copy(value)
 
 
+def checkpoint_recomputing_all(fn: Callable[..., Any], *args: Any) -> Any:
+    """torch.utils.checkpoint with a policy that recomputes every op,
+    random ones included (AOTAutograd then wraps those in
+    run_and_save_rng_state and run_with_rng_state)."""
+
+    def recompute(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        return CheckpointPolicy.MUST_RECOMPUTE
+
+    context = functools.partial(create_selective_checkpoint_contexts, recompute)
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=context)
+
+
 @contextlib.contextmanager
 def our_wrappers_created() -> Iterator[list[type]]:
     """Records the class of every wrapper codegen torch_cppwrap creates, with
@@ -223,9 +235,6 @@ class CppWrapperTestCase(TestCase):
         backward runs the op again from it (run_with_rng_state), so both draw
         the same numbers.  Upstream's C++ wrapper refuses both."""
 
-        def recompute(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-            return CheckpointPolicy.MUST_RECOMPUTE
-
         # Dropout keeps its tensor argument on every release (torch 2.11
         # decomposes rand_like into rand, which has none: README says what
         # happens then).
@@ -235,8 +244,7 @@ class CppWrapperTestCase(TestCase):
             return dropout(y.sin(), p=0.25, training=True)
 
         def fn(x: torch.Tensor, w: torch.Tensor) -> Any:
-            context = functools.partial(create_selective_checkpoint_contexts, recompute)
-            return checkpoint(block, x, w, use_reentrant=False, context_fn=context)
+            return checkpoint_recomputing_all(block, x, w)
 
         def step(f: Callable[..., Any]) -> tuple[torch.Tensor, ...]:
             x, w = (

@@ -4,7 +4,6 @@ Python wrapper that keeps any remaining gap from failing a user's compile."""
 
 from __future__ import annotations
 
-import functools
 import unittest
 from collections.abc import Callable
 from unittest import mock
@@ -14,14 +13,9 @@ from torch._dynamo.utils import counters
 from torch._inductor import config, cpu_vec_isa
 from torch._inductor.exc import CppWrapperCodegenError
 from torch._inductor.test_case import TestCase, run_tests
-from torch.utils.checkpoint import (
-    CheckpointPolicy,
-    checkpoint,
-    create_selective_checkpoint_contexts,
-)
 
 import torch_cppwrap
-from tests.common import CppWrapperTestCase
+from tests.common import CppWrapperTestCase, checkpoint_recomputing_all
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
 
@@ -374,16 +368,9 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
         # wrappers, which look its higher-order wrapper up at run time.  The
         # fallback's Python pass inherited that choice from the node and
         # failed the same way, so the compile failed.
-        def recompute(ctx, op, *args, **kwargs):
-            return CheckpointPolicy.MUST_RECOMPUTE
-
         def fn(x):
-            context = functools.partial(create_selective_checkpoint_contexts, recompute)
-            return checkpoint(
-                lambda x: x.relu() * torch.randn(x.shape[-1]),
-                x,
-                use_reentrant=False,
-                context_fn=context,
+            return checkpoint_recomputing_all(
+                lambda x: x.relu() * torch.randn(x.shape[-1]), x
             )
 
         def step(f):

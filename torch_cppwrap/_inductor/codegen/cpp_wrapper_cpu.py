@@ -877,10 +877,9 @@ class CppWrapperCpu(PythonWrapperCodegen):
         """aten.bernoulli_ on a buffer (config.fallback_random): upstream's IR
         spells this call itself, for its own handle type."""
         op = node.op_overload
-        values = [*node.inputs, *node.constant_args]
         arguments = op._schema.arguments
         # Inductor never passes a generator; the schema's defaults fill the rest.
-        values += [arg.default_value for arg in arguments[len(values) :]]
+        values = _schema_values(op, [*node.inputs, *node.constant_args], {})
         device = d.type if (d := node.get_device()) else self.device
         shim_fn = _compat.c_shim_function_name(op, device)
         if shim_fn is None or not shim_function_exists(shim_fn):

@@ -140,6 +140,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
             )
         if config.triton.debug_sync_graph or config.triton.debug_sync_kernel:
             _compat.route_debug_sync(V.graph, cls.debug_sync_line())
+        _refuse_rng_state_wrappers_without_tensors(V.graph.operations)
         return cls()
 
     # config.profile_bandwidth: Inductor's start_graph()/end_graph() gather
@@ -1750,6 +1751,28 @@ def _is_collective(op: Any) -> TypeGuard[torch._ops.OpOverload]:
 
 # Activation checkpointing's wrappers of a recomputed random op.
 _RNG_STATE_WRAPPERS = (rng_prims.run_and_save_rng_state, rng_prims.run_with_rng_state)
+
+
+def _refuse_rng_state_wrappers_without_tensors(operations: Sequence[Any]) -> None:
+    """A recomputed random op without tensor arguments (``torch.randn(n)`` in
+    a checkpointed region) gives Inductor nothing to export its RNG-state
+    wrapper from for a C++ wrapper: ``export_extern_kernel_node`` asserts on
+    it for every C++ wrapper.  Such a graph keeps the Python wrapper, as a
+    known gap rather than an unexpected error."""
+    for operation in operations:
+        if (
+            isinstance(operation, ir.FallbackKernel)
+            and operation.op_overload in _RNG_STATE_WRAPPERS
+            and not operation.inputs
+        ):
+            args, _ = operation.unflatten_args(
+                operation.inputs, operation.constant_args
+            )
+            raise NotImplementedError(
+                f"torch_cppwrap: {operation.python_kernel_name} around {args[0]}, "
+                "a random op without tensor arguments, cannot be exported for "
+                "a C++ wrapper"
+            )
 
 
 def _schema_values(

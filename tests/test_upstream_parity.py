@@ -365,8 +365,9 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
     def test_random_op_without_tensors_is_a_known_gap(self) -> None:
         # A random op without tensor arguments that a checkpoint recomputes
         # (torch.randn(n) in the region) fails in Inductor's own export for
-        # C++ wrappers.  The forward keeps the Python wrapper as a known gap:
-        # no "unexpected error" warning, and the compile does not fail.
+        # C++ wrappers.  Ours refuses it, naming the op (strict raises); the
+        # forward then keeps the Python wrapper as a known gap: no
+        # "unexpected error" warning, and the compile does not fail.
         def fn(x):
             return checkpoint_recomputing_all(
                 lambda x: x.relu() * torch.randn(x.shape[-1]), x
@@ -381,6 +382,11 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
             return out, x.grad
 
         expected = step(fn)
+        with self.assertRaisesRegex(
+            Exception, "around aten.randn.default, a random op without tensor"
+        ):
+            step(torch.compile(fn))
+        torch._dynamo.reset()
         counters.clear()
         with (
             torch_cppwrap.config.patch(strict=False),

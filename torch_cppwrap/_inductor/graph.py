@@ -61,8 +61,8 @@ def _reset_for_codegen(graph: Any) -> None:
     graph.sizevars.inv_precomputed_replacements.clear()
     metrics.reset()
     # A fallback kernel decides at codegen whether a C++ wrapper must look
-    # its op up at run time; the Python wrapper's pass decides afresh (a
-    # higher-order op without tensor arguments cannot take the C++ route).
+    # its op up at run time (and then skips its layout checks); the Python
+    # wrapper's pass decides afresh.
     for operation in graph.operations:
         if isinstance(operation, ir.FallbackKernel):
             operation.use_runtime_dispatch = False

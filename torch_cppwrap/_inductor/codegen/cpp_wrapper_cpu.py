@@ -878,7 +878,6 @@ class CppWrapperCpu(PythonWrapperCodegen):
         """aten.bernoulli_ on a buffer (config.fallback_random): upstream's IR
         spells this call itself, for its own handle type."""
         op = node.op_overload
-        arguments = op._schema.arguments
         # Inductor never passes a generator; the schema's defaults fill the rest.
         values = _schema_values(op, [*node.inputs, *node.constant_args], {})
         device = d.type if (d := node.get_device()) else self.device
@@ -888,7 +887,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
             return
         args = [
             self.val_to_arg_str(value, arg.real_type)
-            for value, arg in zip(values, arguments, strict=True)
+            for value, arg in zip(values, op._schema.arguments, strict=True)
         ]
         self._shim_call(shim_fn, args, str(op), device)
 
@@ -1758,11 +1757,12 @@ def _refuse_rng_state_wrappers_without_tensors(operations: Sequence[Any]) -> Non
     a checkpointed region) gives Inductor nothing to export its RNG-state
     wrapper from for a C++ wrapper: ``export_extern_kernel_node`` asserts on
     it for every C++ wrapper.  Such a graph keeps the Python wrapper, as a
-    known gap rather than an unexpected error."""
+    known gap rather than an unexpected error.  (The backward's
+    run_with_rng_state always has a tensor argument: the saved state.)"""
     for operation in operations:
         if (
             isinstance(operation, ir.FallbackKernel)
-            and operation.op_overload in _RNG_STATE_WRAPPERS
+            and operation.op_overload is rng_prims.run_and_save_rng_state
             and not operation.inputs
         ):
             args, _ = operation.unflatten_args(

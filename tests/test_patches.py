@@ -404,7 +404,8 @@ def get_cpp_wrapper_config() -> dict[str, object]:
 
 class TestCompileTimeTuning(TestCase):
     """The JIT wrapper for CUDA tunes Triton kernels while compiling: the
-    series makes get_cpp_wrapper_config default to that for JIT graphs too."""
+    series makes get_cpp_wrapper_config say so for every JIT graph where
+    Triton is, and leaves AOTInductor's graphs to upstream's reading."""
 
     def edited(self, default: str) -> str:
         with tempfile.TemporaryDirectory() as root:
@@ -415,9 +416,11 @@ class TestCompileTimeTuning(TestCase):
             _patches._tune_jit_graphs_at_compile_time(tree)
             return tree.read(_patches.COMPILE_FX)
 
-    def default_of(self, source: str, *, has_triton: bool, aot: bool) -> object:
+    def setting_of(
+        self, source: str, setting: bool | None, *, has_triton: bool, aot: bool
+    ) -> object:
         class Triton:
-            autotune_at_compile_time = None
+            autotune_at_compile_time = setting
 
         class Config:
             triton = Triton
@@ -437,20 +440,29 @@ class TestCompileTimeTuning(TestCase):
 
     def test_jit_graphs_are_tuned_while_compiling_where_triton_is(self) -> None:
         for release, default in DEFAULTS.items():
-            with self.subTest(release):
-                source = self.edited(default)
-                self.assertNotIn("Subject to change", source)
-                for aot in (False, True):
-                    self.assertIs(
-                        self.default_of(source, has_triton=True, aot=aot), True
-                    )
-                    self.assertIs(
-                        self.default_of(source, has_triton=False, aot=aot), False
-                    )
-
-    def test_a_release_that_already_does_is_left_alone(self) -> None:
-        default = DEFAULTS["2.11"]
-        self.assertEqual(self.edited(default), COMPILE_FX.format(default=default))
+            source = self.edited(default)
+            upstream = COMPILE_FX.format(default=default)
+            for setting in (None, False, True):
+                for has_triton in (False, True):
+                    for aot in (False, True):
+                        with self.subTest(
+                            release, setting=setting, triton=has_triton, aot=aot
+                        ):
+                            ours = self.setting_of(
+                                source, setting, has_triton=has_triton, aot=aot
+                            )
+                            if has_triton and not aot:
+                                self.assertIs(ours, True)
+                            else:
+                                self.assertIs(
+                                    ours,
+                                    self.setting_of(
+                                        upstream,
+                                        setting,
+                                        has_triton=has_triton,
+                                        aot=aot,
+                                    ),
+                                )
 
     def test_another_default_stops_the_export(self) -> None:
         with self.assertRaisesRegex(_patches.PatchError, "unexpected default"):

@@ -309,16 +309,22 @@ class TestCppWrapperSettings(TestCase):
             {k: v for k, v in upstream.items() if "autotune" not in k},
         )
 
-    def test_what_the_user_set_is_kept(self) -> None:
-        for setting in (False, True):
-            ours, upstream = self.settings(setting, triton=True)
-            self.assertIs(ours["triton.autotune_at_compile_time"], setting)
-            self.assertEqual(ours, upstream)
+    def test_false_means_tuning_while_compiling_too(self) -> None:
+        # Upstream's wrapper tunes on the first call's inputs then; ours tunes
+        # while compiling, which for a JIT graph is within its first call.
+        ours, upstream = self.settings(False, triton=True)
+        self.assertIs(upstream["triton.autotune_at_compile_time"], False)
+        self.assertIs(ours["triton.autotune_at_compile_time"], True)
+        self.assertIs(ours["triton.autotune_cublasLt"], False)
+        ours, upstream = self.settings(True, triton=True)
+        self.assertEqual(ours, upstream)
 
     def test_without_triton_or_for_aot_inductor_upstream_decides(self) -> None:
-        for triton, aot in ((False, False), (True, True)):
-            ours, upstream = self.settings(None, triton=triton, aot=aot)
-            self.assertEqual(ours, upstream)
+        for setting in (None, False, True):
+            for triton, aot in ((False, False), (True, True)):
+                with self.subTest(setting=setting, triton=triton, aot=aot):
+                    ours, upstream = self.settings(setting, triton=triton, aot=aot)
+                    self.assertEqual(ours, upstream)
 
     def test_unpatched_is_upstream(self) -> None:
         original = torch_cppwrap.get_original(compile_fx, "get_cpp_wrapper_config")

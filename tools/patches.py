@@ -780,23 +780,26 @@ def _pass_aot_mode_from_graph(tree: Tree) -> None:
 
 def _tune_jit_graphs_at_compile_time(tree: Tree) -> None:
     """The JIT wrapper for CUDA tunes Triton kernels while the graph compiles:
-    where get_cpp_wrapper_config defaults autotune_at_compile_time to True for
-    AOTInductor only (`has_triton() and V.aot_compilation`, torch 2.12 on),
-    it defaults to `has_triton()` for JIT graphs too.  A release that already
-    does (torch 2.11) is left alone; any other default stops the export."""
+    get_cpp_wrapper_config sets autotune_at_compile_time for every JIT graph
+    where Triton is, whatever the user set (upstream's lazy compile at a
+    kernel's first launch is not in the series); AOTInductor's graphs keep
+    upstream's reading.  A default other than the two upstream spells
+    (`has_triton()`, torch 2.11; `has_triton() and V.aot_compilation`, 2.12
+    on) stops the export."""
     text = tree.read(COMPILE_FX)
     lines = text.split("\n")
     function = _function(
         ast.parse(text, COMPILE_FX), "get_cpp_wrapper_config", COMPILE_FX
     )
-    defaults = [
-        node.orelse
+    choices = [
+        node
         for node in ast.walk(function)
         if isinstance(node, ast.IfExp)
         and "autotune_at_compile_time"
         in (ast.get_source_segment(text, node.test) or "")
     ]
-    default = _only(defaults, f"default of autotune_at_compile_time in {COMPILE_FX}")
+    choice = _only(choices, f"setting of autotune_at_compile_time in {COMPILE_FX}")
+    default = choice.orelse
 
     def is_has_triton(node: ast.expr) -> bool:
         return (
@@ -805,40 +808,35 @@ def _tune_jit_graphs_at_compile_time(tree: Tree) -> None:
             and node.func.id == "has_triton"
         )
 
-    if is_has_triton(default):
-        return
     if not (
-        isinstance(default, ast.BoolOp)
-        and isinstance(default.op, ast.And)
-        and len(default.values) == 2
-        and is_has_triton(default.values[0])
-        and ast.unparse(default.values[1]) == "V.aot_compilation"
+        is_has_triton(default)
+        or (
+            isinstance(default, ast.BoolOp)
+            and isinstance(default.op, ast.And)
+            and len(default.values) == 2
+            and is_has_triton(default.values[0])
+            and ast.unparse(default.values[1]) == "V.aot_compilation"
+        )
     ):
         raise PatchError(
             f"{COMPILE_FX}:{default.lineno}: unexpected default of "
             f"autotune_at_compile_time: {ast.unparse(default)}"
         )
-    has_triton = ast.get_source_segment(text, default.values[0])
-    # From the `else` that holds the default to the line it ends on, with the
-    # comment above it (upstream's reason for AOTI only).
-    first = default.lineno - 1
-    while not lines[first].lstrip().startswith("else"):
-        first -= 1
-    while lines[first - 1].lstrip().startswith("#"):
-        first -= 1
-    last = default.end_lineno or default.lineno  # one past, counted from 0
-    if any(line.rstrip().endswith("else (") for line in lines[first : default.lineno]):
-        # `else (` ... `)`: the parenthesis closes on a line of its own.
-        if lines[last].strip() != ")":
-            raise PatchError(f"{COMPILE_FX}:{last + 1}: expected `)` after the default")
-        last += 1
-    indent = re.match(r"\s*", lines[first])
-    assert indent is not None
-    pad = indent.group(0)
-    lines[first:last] = [
-        f"{pad}# Default to True where Triton is: AOTI and the C++ wrapper for JIT",
-        f"{pad}# graphs both tune Triton kernels at compile time.",
-        f"{pad}else {has_triton}",
+    # The choice begins a line of its own (inside parentheses); the JIT case
+    # goes in front of it, and upstream's choice becomes its `else`.
+    first = lines[choice.lineno - 1]
+    pad = first[: choice.col_offset]
+    if pad.strip():
+        raise PatchError(
+            f"{COMPILE_FX}:{choice.lineno}: expected the setting of "
+            "autotune_at_compile_time to begin its line"
+        )
+    lines[choice.lineno - 1 : choice.lineno] = [
+        f"{pad}# The C++ wrapper for JIT graphs tunes Triton kernels while the",
+        f"{pad}# graph compiles (in its first call), whatever the setting says.",
+        f"{pad}True",
+        f"{pad}if has_triton() and not V.aot_compilation",
+        f"{pad}else {first[choice.col_offset :]}",
     ]
     tree.write(COMPILE_FX, "\n".join(lines))
 
@@ -1146,9 +1144,11 @@ SERIES: tuple[Patch, ...] = (
         the JIT wrapper calls through the dispatcher).
 
         CppWrapperGpuJit tunes Triton kernels while the graph compiles, as
-        AOTInductor does: where get_cpp_wrapper_config leaves
-        autotune_at_compile_time unset for JIT graphs (tuning at a kernel's
-        first launch), it sets it wherever Triton is, for both.""",
+        AOTInductor does: get_cpp_wrapper_config sets
+        autotune_at_compile_time for every JIT graph wherever Triton is,
+        unset or False (upstream's lazy compile at a kernel's first launch);
+        a JIT graph compiles in its first call, so it is tuned in that call
+        either way.""",
         edit=register_jit_wrappers,
     ),
 )

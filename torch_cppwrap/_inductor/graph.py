@@ -83,14 +83,16 @@ def tune_at_compile_time(
     cpp_wrapper compile runs under.
 
     Our CUDA wrapper tunes every Triton kernel while the graph compiles
-    (``cpp_wrapper_gpu``).  From torch 2.12 on (not 2.11), a JIT cpp_wrapper
-    compile reads ``triton.autotune_at_compile_time`` left unset as False,
-    for upstream's kernels compiled and tuned at their first launch, which
-    ours does not do: every CUDA graph would fall back to the Python
-    wrapper.  Left unset, it means tuning while compiling again, wherever
-    Triton is (2.11's meaning), settled here before lowering, which reads it
-    too.  A False that the user set is kept: such a graph falls back, with
-    the reason in the perf hints.
+    (``cpp_wrapper_gpu``), so a JIT graph compiles with
+    ``triton.autotune_at_compile_time`` True wherever Triton is, settled here
+    before lowering, which reads it too.  Upstream's wrapper reads False
+    (torch 2.12 on: also the setting left unset) as "tune on the first call's
+    inputs": torch 2.11 runs a Python-wrapper pass of the graph on them while
+    compiling, 2.12 on compiles and tunes each kernel at its first launch,
+    from Python.  A JIT graph compiles in its first call, so ours tunes in that
+    call either way, on example inputs of the same sizes, and no call runs
+    Python for it.  AOTInductor's graphs, and machines without Triton, keep
+    upstream's reading.
     """
 
     @functools.wraps(original)
@@ -99,11 +101,13 @@ def tune_at_compile_time(
         from torch.utils._triton import has_triton
 
         settings = original(*args, **kwargs)
-        if (
-            inductor_config.triton.autotune_at_compile_time is None
-            and not V.aot_compilation
-            and has_triton()
-        ):
+        if not V.aot_compilation and has_triton():
+            if inductor_config.triton.autotune_at_compile_time is False:
+                log.info(
+                    "triton.autotune_at_compile_time=False: torch_cppwrap's C++ "
+                    "wrapper tunes Triton kernels while the graph compiles, in "
+                    "its first call"
+                )
             settings["triton.autotune_at_compile_time"] = True
             # Upstream pairs the two: cuBLASLt is tuned when Triton is not.
             settings["triton.autotune_cublasLt"] = False

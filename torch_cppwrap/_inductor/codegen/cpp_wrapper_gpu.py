@@ -10,8 +10,8 @@ One codegen pass.  While the body is generated, every Triton kernel call site
 is written twice: as a C++ call of the kernel's launcher,
 ``launch_<kernel>(device, stream, args...)``, and as a line of the Python
 tuning block that Inductor's ``PythonWrapperCodegen`` builds when
-``config.triton.autotune_at_compile_time`` is set (ours sets it unless the
-user turned it off: ``graph.tune_at_compile_time``).
+``config.triton.autotune_at_compile_time`` is set (ours sets it for every
+JIT graph: ``graph.tune_at_compile_time``).
 The wrapper only declares each launcher, from its call's argument kinds, so
 it is final when the body is done: it starts compiling then
 (``codecache.start_wrapper_build``) while the tuning block runs each kernel
@@ -810,8 +810,8 @@ class CppWrapperGpu(CppWrapperCpu):
         if not config.triton.autotune_at_compile_time:
             raise NotImplementedError(
                 "torch_cppwrap: the CUDA C++ wrapper tunes Triton kernels while the "
-                "graph compiles; leave config.triton.autotune_at_compile_time unset "
-                "or True"
+                "graph compiles, which needs config.triton.autotune_at_compile_time "
+                "(torch.compile's cpp_wrapper settings set it for JIT graphs)"
             )
 
     def _define_kernel_helper(

@@ -14,7 +14,9 @@
 #   models            benchmarks/model_sweep.py on CUDA: every transformers
 #                     family and timm model, five settings, against eager
 # Knobs: SUITE_WORKERS, SUITE_TIMEOUT, SWEEP_JOBS, SWEEP_TIMEOUT,
-# UPSTREAM_TIMEOUT, UPSTREAM_ARGS, MODELS_TIMEOUT, MODELS_ARGS.
+# UPSTREAM_TIMEOUT, UPSTREAM_ARGS, MODELS_TIMEOUT, MODELS_ARGS (the *_ARGS
+# are read as shell words, so a quoted -k expression stays one argument:
+# UPSTREAM_ARGS='-k "not test_linear_with_pointwise" -n 15').
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 . scripts/gpu/env.sh
@@ -63,9 +65,10 @@ if has_step upstream-tests; then
     # call's limit still says what it did (session 41 lost one: the device
     # tool returns no file nested that deep).
     work=/tmp/upstream_work
+    eval "upstream_args=(${UPSTREAM_ARGS:-})"
     timeout -s INT -k 30 "${UPSTREAM_TIMEOUT:-400}" $PYTHON tools/conformance.py \
         --test-dir .pytorch_tests/test/inductor --out "$OUT/upstream_tests.md" \
-        --work-dir "$work" ${UPSTREAM_ARGS:-} > "/tmp/upstream_tests.log" 2>&1
+        --work-dir "$work" "${upstream_args[@]}" > "/tmp/upstream_tests.log" 2>&1
     echo "upstream tests exit status: $?"
     for record in "$work"/*/*/progress.jsonl; do
         [[ -e $record ]] || continue
@@ -78,8 +81,9 @@ fi
 
 if has_step models; then
     echo "== real models on CUDA, started $(date +%T)"
+    eval "models_args=(${MODELS_ARGS:-})"
     timeout -s INT -k 30 "${MODELS_TIMEOUT:-400}" $PYTHON benchmarks/model_sweep.py \
-        --device cuda --out "$OUT/models" ${MODELS_ARGS:-} > /tmp/models.log 2>&1
+        --device cuda --out "$OUT/models" "${models_args[@]}" > /tmp/models.log 2>&1
     echo "model sweep exit status: $?"
     cp /tmp/models.log "$OUT/models/"
     grep -E "^\[" /tmp/models.log | tail -30

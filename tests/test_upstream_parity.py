@@ -13,9 +13,11 @@ from torch._dynamo.utils import counters
 from torch._inductor import config, cpu_vec_isa
 from torch._inductor.exc import CppWrapperCodegenError
 from torch._inductor.test_case import TestCase, run_tests
+from torch._inductor.utils import fresh_cache
 
 import torch_cppwrap
 from tests.common import CppWrapperTestCase, checkpoint_recomputing_all
+from torch_cppwrap._inductor.codecache import CppWrapperCompileError
 from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
 
@@ -310,6 +312,41 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
             self.assertRaisesRegex(Exception, "primals_6"),
         ):
             torch.compile(lambda x: x.cos() * 3)(torch.randn(32))
+
+    def test_a_fallback_that_may_not_recur_is_not_cached(self) -> None:
+        # A failed build (a compiler killed for memory, a full disk) or an
+        # error we did not foresee may not recur: Inductor's FX graph cache
+        # must not serve the Python wrapper's module to every later compile.
+        # A known gap recurs, and its fallback is kept.
+        def build_failed(self: CppWrapperCpu, *args: object, **kwargs: object) -> None:
+            raise CppWrapperCompileError(["c++"], "c++: fatal error: Killed", "x.cpp")
+
+        def broken(self: CppWrapperCpu, *args: object, **kwargs: object) -> None:
+            raise KeyError("primals_6")
+
+        x = torch.randn(32)
+        for failing, kept in (
+            (build_failed, False),
+            (broken, False),
+            (_unsupported, True),
+        ):
+            with (
+                self.subTest(failing.__name__),
+                fresh_cache(),
+                config.patch(fx_graph_cache=True),
+            ):
+                torch._dynamo.reset()
+                self.fall_back(failing)
+                torch._dynamo.reset()
+                counters.clear()
+                result, (source,) = torch._inductor.utils.run_and_get_code(
+                    torch.compile(self.fn), x
+                )
+                self.assertEqual(result, self.fn(x))
+                self.assertEqual(counters["inductor"]["fxgraph_cache_hit"], int(kept))
+                self.assertEqual(
+                    "CppWrapperCodeCache" in source, not kept, "ours compiled it"
+                )
 
     def test_graph_upstream_refuses_cpp_wrappers_falls_back(self) -> None:
         # Upstream's IR refuses some constructs to every C++ wrapper

@@ -17,9 +17,11 @@ What is replaced:
   upstream's wrapper class, and the ``codegen`` of the IR nodes in
   ``ROUTED_CODEGEN``, which spell C++ for upstream's handle type;
 * ``GraphLowering._compile_to_module``, so that a graph our wrapper cannot
-  generate or build falls back to the Python wrapper (``_inductor/graph.py``);
-* ``compile_fx.get_cpp_wrapper_config``, so that Triton kernels are tuned
-  while the graph compiles unless the user said otherwise (same module);
+  generate or build falls back to the Python wrapper (``_inductor/graph.py``),
+  and ``FxGraphCache._save_graph``, which does not keep such a fallback where
+  the graph's next compile may not need it (same module);
+* ``compile_fx.get_cpp_wrapper_config``, so that a JIT graph's Triton
+  kernels are tuned while it compiles (same module);
 * in Inductor's C++ kernel codegen (``codegen/cpp.py``), ``WorkSharing`` and
   the methods ``_kernel_codegen`` names: a kernel that can throw inside an
   OpenMP-parallel region catches there and rethrows after it, for our
@@ -291,6 +293,7 @@ def patch() -> None:
         from torch_cppwrap._inductor.codecache import CppWrapperCodeCache
         from torch_cppwrap._inductor.graph import (
             compile_to_module_with_fallback,
+            keep_retryable_fallbacks_uncached,
             tune_at_compile_time,
         )
 
@@ -306,6 +309,16 @@ def patch() -> None:
             "_compile_to_module",
             compile_to_module_with_fallback(
                 get_original(GraphLowering, "_compile_to_module")
+            ),
+        )
+        save_graph = get_original(inductor_codecache.FxGraphCache, "_save_graph")
+        _replace(
+            inductor_codecache.FxGraphCache,
+            "_save_graph",
+            staticmethod(
+                keep_retryable_fallbacks_uncached(
+                    save_graph.__get__(None, inductor_codecache.FxGraphCache)
+                )
             ),
         )
         _replace(

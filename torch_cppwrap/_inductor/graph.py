@@ -38,6 +38,13 @@ FALLBACK_ERRORS: tuple[type[BaseException], ...] = (
     CppWrapperCompileError,
 )
 
+# Counts the fallbacks that the graph's next compile may not need: a failed
+# C++ build (a compiler killed for memory, a full disk) and any error we did
+# not foresee.  Inductor's FX graph cache would serve the Python wrapper's
+# module of such a graph to every later process; it is not saved there
+# (``keep_retryable_fallbacks_uncached``).  A known gap's fallback is.
+RETRYABLE_FALLBACK = "cppwrap_python_wrapper_fallback_not_cached"
+
 
 def _uses_our_wrapper(graph: Any) -> bool:
     return bool(graph.cpp_wrapper) and not graph.aot_mode
@@ -154,6 +161,8 @@ def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:
                 _first_line(error),
             )
             counters["inductor"]["cppwrap_python_wrapper_fallback"] += 1
+            if isinstance(error, CppWrapperCompileError):
+                counters["inductor"][RETRYABLE_FALLBACK] += 1
         except Exception as error:
             # Not a known gap: a bug of ours, most likely (or an error of
             # Inductor's own, which the Python wrapper's compile raises
@@ -171,6 +180,7 @@ def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:
             )
             counters["inductor"]["cppwrap_python_wrapper_fallback"] += 1
             counters["inductor"]["cppwrap_unexpected_errors"] += 1
+            counters["inductor"][RETRYABLE_FALLBACK] += 1
         _reset_for_codegen(graph)
         _real_script_objects(graph)
         graph.cpp_wrapper = False
@@ -181,3 +191,27 @@ def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:
             graph.cpp_wrapper = True
 
     return _compile_to_module
+
+
+def keep_retryable_fallbacks_uncached(
+    original: Callable[..., None],
+) -> Callable[..., None]:
+    """Wraps ``FxGraphCache._save_graph``: a graph compiled with the Python
+    wrapper after a fallback its next compile may not need
+    (``RETRYABLE_FALLBACK`` among the counters its compile moved, which the
+    compiled graph carries) is not saved, so that a later compile, in this
+    process or another, tries the C++ wrapper again."""
+
+    @functools.wraps(original)
+    def _save_graph(key: str, compiled_graph: Any, *args: Any, **kwargs: Any) -> None:
+        if getattr(compiled_graph, "counter_deltas", {}).get(RETRYABLE_FALLBACK):
+            log.info(
+                "torch_cppwrap: the FX graph cache does not keep the Python "
+                "wrapper fallback of the graph with key %s; its next compile "
+                "tries the C++ wrapper again",
+                key,
+            )
+            return
+        original(key, compiled_graph, *args, **kwargs)
+
+    return _save_graph

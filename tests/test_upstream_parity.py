@@ -339,14 +339,28 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
                 self.fall_back(failing)
                 torch._dynamo.reset()
                 counters.clear()
-                result, (source,) = torch._inductor.utils.run_and_get_code(
-                    torch.compile(self.fn), x
-                )
+                with torch_cppwrap.config.patch(strict=False):
+                    result, (source,) = torch._inductor.utils.run_and_get_code(
+                        torch.compile(self.fn), x
+                    )
                 self.assertEqual(result, self.fn(x))
                 self.assertEqual(counters["inductor"]["fxgraph_cache_hit"], int(kept))
                 self.assertEqual(
                     "CppWrapperCodeCache" in source, not kept, "ours compiled it"
                 )
+
+    def test_a_strict_compile_is_never_served_a_fallback(self) -> None:
+        # Strict mode is how a test learns of a gap; the FX graph cache keeps
+        # a known gap's fallback, which a strict compile must not be given.
+        with fresh_cache(), config.patch(fx_graph_cache=True):
+            self.fall_back(_unsupported)
+            torch._dynamo.reset()
+            with (
+                torch_cppwrap.config.patch(strict=True),
+                mock.patch.object(CppWrapperCpu, "write_prefix", _unsupported),
+                self.assertRaisesRegex(Exception, "a construct this test pretends"),
+            ):
+                torch.compile(self.fn)(torch.randn(32))
 
     def test_graph_upstream_refuses_cpp_wrappers_falls_back(self) -> None:
         # Upstream's IR refuses some constructs to every C++ wrapper

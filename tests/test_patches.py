@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import os
 import shutil
@@ -442,27 +443,14 @@ class TestCompileTimeTuning(TestCase):
         for release, default in DEFAULTS.items():
             source = self.edited(default)
             upstream = COMPILE_FX.format(default=default)
-            for setting in (None, False, True):
-                for has_triton in (False, True):
-                    for aot in (False, True):
-                        with self.subTest(
-                            release, setting=setting, triton=has_triton, aot=aot
-                        ):
-                            ours = self.setting_of(
-                                source, setting, has_triton=has_triton, aot=aot
-                            )
-                            if has_triton and not aot:
-                                self.assertIs(ours, True)
-                            else:
-                                self.assertIs(
-                                    ours,
-                                    self.setting_of(
-                                        upstream,
-                                        setting,
-                                        has_triton=has_triton,
-                                        aot=aot,
-                                    ),
-                                )
+            cases = itertools.product((None, False, True), (False, True), (False, True))
+            for setting, has_triton, aot in cases:
+                with self.subTest(release, setting=setting, triton=has_triton, aot=aot):
+                    ours, theirs = (
+                        self.setting_of(text, setting, has_triton=has_triton, aot=aot)
+                        for text in (source, upstream)
+                    )
+                    self.assertIs(ours, True if has_triton and not aot else theirs)
 
     def test_another_default_stops_the_export(self) -> None:
         with self.assertRaisesRegex(_patches.PatchError, "unexpected default"):

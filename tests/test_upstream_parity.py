@@ -263,6 +263,12 @@ def _unsupported(self: CppWrapperCpu, *args: object, **kwargs: object) -> None:
     raise NotImplementedError("torch_cppwrap: a construct this test pretends is new")
 
 
+def _unforeseen(self: CppWrapperCpu, *args: object, **kwargs: object) -> None:
+    # A bug of ours (session 51's KeyError on compiled autograd's unused
+    # input was one).
+    raise KeyError("primals_6")
+
+
 @config.patch(cpp_wrapper=True, fx_graph_cache=False)
 class TestPythonWrapperFallback(CppWrapperTestCase):
     def fn(self, x: torch.Tensor) -> torch.Tensor:
@@ -295,20 +301,16 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
         self.assertIn("a construct this test pretends is new", line)
 
     def test_an_unexpected_error_falls_back_with_a_warning(self) -> None:
-        # A bug of ours (session 51's KeyError on compiled autograd's unused
-        # input was one) costs the graph its C++ wrapper, not the compile.
-        def broken(self: CppWrapperCpu, *args: object, **kwargs: object) -> None:
-            raise KeyError("primals_6")
-
+        # A bug of ours costs the graph its C++ wrapper, not the compile.
         with self.assertLogs("torch_cppwrap._inductor.graph", "WARNING") as logs:
-            self.fall_back(broken)
+            self.fall_back(_unforeseen)
         self.assertEqual(counters["inductor"]["cppwrap_unexpected_errors"], 1)
         (line,) = logs.output
         self.assertIn("KeyError: 'primals_6'", line)
         self.assertIn("Please report", line)
         with (
             torch_cppwrap.config.patch(strict=True),
-            mock.patch.object(CppWrapperCpu, "write_prefix", broken),
+            mock.patch.object(CppWrapperCpu, "write_prefix", _unforeseen),
             self.assertRaisesRegex(Exception, "primals_6"),
         ):
             torch.compile(lambda x: x.cos() * 3)(torch.randn(32))
@@ -321,13 +323,10 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
         def build_failed(self: CppWrapperCpu, *args: object, **kwargs: object) -> None:
             raise CppWrapperCompileError(["c++"], "c++: fatal error: Killed", "x.cpp")
 
-        def broken(self: CppWrapperCpu, *args: object, **kwargs: object) -> None:
-            raise KeyError("primals_6")
-
         x = torch.randn(32)
         for failing, kept in (
             (build_failed, False),
-            (broken, False),
+            (_unforeseen, False),
             (_unsupported, True),
         ):
             with (

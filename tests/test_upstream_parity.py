@@ -4,6 +4,8 @@ Python wrapper that keeps any remaining gap from failing a user's compile."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import unittest
 from collections.abc import Callable
 from unittest import mock
@@ -446,6 +448,55 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
         self.assertEqual(actual, expected)
         self.assertEqual(counters["inductor"]["cppwrap_python_wrapper_fallback"], 1)
         self.assertEqual(counters["inductor"]["cppwrap_unexpected_errors"], 0)
+
+    def test_higher_order_fallbacks_are_known_gaps(self) -> None:
+        # torch._higher_order_ops.print is a fallback kernel our wrapper does
+        # not run.  Without tensor arguments, Inductor's own export of it
+        # asserts for every C++ wrapper (upstream's fails the compile); in a
+        # nested compile region that failure reached the fallback's Python
+        # pass too, and the compile failed.  Ours refuses it before codegen,
+        # in the main graph and in subgraphs: a known gap, kept in the cache.
+        @torch.compiler.nested_compile_region
+        def region(x: torch.Tensor) -> torch.Tensor:
+            torch._higher_order_ops.print("in the region")
+            return x.sin()
+
+        def in_graph(x: torch.Tensor) -> torch.Tensor:
+            torch._higher_order_ops.print("in the graph")
+            return x.sin() + 1
+
+        def in_region(x: torch.Tensor) -> torch.Tensor:
+            return region(region(x) + 1)
+
+        x = torch.randn(8)
+        for fn, printed in ((in_graph, "in the graph"), (in_region, "in the region")):
+            with self.subTest(fn.__name__):
+                torch._dynamo.reset()
+                with (
+                    torch_cppwrap.config.patch(strict=True),
+                    self.assertRaisesRegex(
+                        Exception,
+                        "torch.ops.higher_order.print is not supported by the C\\+\\+ wrapper",
+                    ),
+                ):
+                    torch.compile(fn)(x)
+                torch._dynamo.reset()
+                counters.clear()
+                stdout = io.StringIO()
+                with (
+                    torch_cppwrap.config.patch(strict=False),
+                    self.assertNoLogs("torch_cppwrap._inductor.graph", "WARNING"),
+                    contextlib.redirect_stdout(stdout),
+                ):
+                    result = torch.compile(fn)(x)
+                self.assertEqual(result, fn(x))
+                self.assertIn(printed, stdout.getvalue())
+                inductor = counters["inductor"]
+                self.assertEqual(inductor["cppwrap_python_wrapper_fallback"], 1)
+                self.assertEqual(inductor["cppwrap_unexpected_errors"], 0)
+                self.assertEqual(
+                    inductor["cppwrap_python_wrapper_fallback_not_cached"], 0
+                )
 
     def test_strict_mode_raises(self) -> None:
         with (

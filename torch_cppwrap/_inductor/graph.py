@@ -24,6 +24,7 @@ from torch._inductor.exc import CppWrapperCodegenError
 from torch_cppwrap import config
 from torch_cppwrap._inductor import codecache
 from torch_cppwrap._inductor.codecache import CppWrapperCompileError
+from torch_cppwrap._inductor.codegen.cpp_wrapper_cpu import operations_with_subgraphs
 
 # Upstream's graph.py logs its performance hints here (TORCH_LOGS=perf_hints).
 perf_hint_log = torch._logging.getArtifactLogger("torch._inductor.graph", "perf_hints")
@@ -69,8 +70,8 @@ def _reset_for_codegen(graph: Any) -> None:
     metrics.reset()
     # A fallback kernel decides at codegen whether a C++ wrapper must look
     # its op up at run time (and then skips its layout checks); the Python
-    # wrapper's pass decides afresh.
-    for operation in graph.operations:
+    # wrapper's pass decides afresh, in the subgraphs too.
+    for operation in operations_with_subgraphs(graph.operations):
         if isinstance(operation, ir.FallbackKernel):
             operation.use_runtime_dispatch = False
 

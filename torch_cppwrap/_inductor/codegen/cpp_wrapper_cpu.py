@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeGuard
 
 import sympy
@@ -140,7 +140,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
             )
         if config.triton.debug_sync_graph or config.triton.debug_sync_kernel:
             _compat.route_debug_sync(V.graph, cls.debug_sync_line())
-        _refuse_rng_state_wrappers_without_tensors(V.graph.operations)
+        _refuse_higher_order_fallbacks(V.graph.operations)
         return cls()
 
     # config.profile_bandwidth: Inductor's start_graph()/end_graph() gather
@@ -1752,19 +1752,29 @@ def _is_collective(op: Any) -> TypeGuard[torch._ops.OpOverload]:
 _RNG_STATE_WRAPPERS = (rng_prims.run_and_save_rng_state, rng_prims.run_with_rng_state)
 
 
-def _refuse_rng_state_wrappers_without_tensors(operations: Sequence[Any]) -> None:
-    """A recomputed random op without tensor arguments (``torch.randn(n)`` in
-    a checkpointed region) gives Inductor nothing to export its RNG-state
-    wrapper from for a C++ wrapper: ``export_extern_kernel_node`` asserts on
-    it for every C++ wrapper.  Such a graph keeps the Python wrapper, as a
-    known gap rather than an unexpected error.  (The backward's
-    run_with_rng_state always has a tensor argument: the saved state.)"""
-    for operation in operations:
-        if (
-            isinstance(operation, ir.FallbackKernel)
-            and operation.op_overload is rng_prims.run_and_save_rng_state
-            and not operation.inputs
-        ):
+def _refuse_higher_order_fallbacks(operations: Sequence[Any]) -> None:
+    """Refuses, before any codegen, the higher-order ops Inductor leaves as
+    fallback kernels that ours does not run: all but activation
+    checkpointing's RNG-state wrappers (``torch._higher_order_ops.print``,
+    for one), and ``run_and_save_rng_state`` around a random op without tensor
+    arguments (``torch.randn(n)`` recomputed by a checkpoint).  Inductor
+    exports such a node for every C++ wrapper before the wrapper sees it, and
+    that export asserts on a node without tensor arguments; refused here, the
+    graph keeps the Python wrapper as a known gap, not an unexpected error.
+    (The backward's run_with_rng_state always has a tensor argument: the
+    saved state.)"""
+    for operation in operations_with_subgraphs(operations):
+        if not isinstance(operation, ir.FallbackKernel):
+            continue
+        op = operation.op_overload
+        if not isinstance(op, torch._ops.HigherOrderOperator):
+            continue
+        if op not in _RNG_STATE_WRAPPERS:
+            raise NotImplementedError(
+                f"torch_cppwrap: {operation.python_kernel_name} is not supported "
+                "by the C++ wrapper"
+            )
+        if op is rng_prims.run_and_save_rng_state and not operation.inputs:
             args, _ = operation.unflatten_args(
                 operation.inputs, operation.constant_args
             )
@@ -1773,6 +1783,28 @@ def _refuse_rng_state_wrappers_without_tensors(operations: Sequence[Any]) -> Non
                 "a random op without tensor arguments, cannot be exported for "
                 "a C++ wrapper"
             )
+
+
+def operations_with_subgraphs(operations: Sequence[Any]) -> Iterator[Any]:
+    """`operations` and those of the subgraphs they hold (torch.cond's
+    branches, a while_loop's condition and body, a nested compile region),
+    each subgraph once."""
+    seen: set[int] = set()
+
+    def walk(operations: Sequence[Any]) -> Iterator[Any]:
+        for operation in operations:
+            yield operation
+            for value in vars(operation).values():
+                for item in value if isinstance(value, (list, tuple)) else (value,):
+                    if (
+                        isinstance(item, ir.Subgraph)
+                        and item.graph is not None
+                        and id(item.graph) not in seen
+                    ):
+                        seen.add(id(item.graph))
+                        yield from walk(item.graph.operations)
+
+    return walk(operations)
 
 
 def _schema_values(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from torch._inductor.virtualized import V
 
 import torch_cppwrap
 from torch_cppwrap import _compat, _patching
+from torch_cppwrap._inductor import graph as graph_module
 from torch_cppwrap._inductor.codecache import CppWrapperCodeCache
 from torch_cppwrap._inductor.codegen.cpp_parallel_errors import CatchingWorkSharing
 
@@ -312,7 +314,13 @@ class TestCppWrapperSettings(TestCase):
     def test_false_means_tuning_while_compiling_too(self) -> None:
         # Upstream's wrapper tunes on the first call's inputs then; ours tunes
         # while compiling, which for a JIT graph is within its first call.
-        ours, upstream = self.settings(False, triton=True)
+        graph_module._log_tuning_while_compiling.cache_clear()
+        with self.assertLogs(graph_module.log, logging.INFO) as logged:
+            ours, upstream = self.settings(False, triton=True)
+            # Said once a process, not for every graph a compile lowers.
+            self.settings(False, triton=True)
+        self.assertEqual(len(logged.records), 1, logged.output)
+        self.assertIn("tunes Triton kernels while the graph compiles", logged.output[0])
         self.assertIs(upstream["triton.autotune_at_compile_time"], False)
         self.assertIs(ours["triton.autotune_at_compile_time"], True)
         self.assertIs(ours["triton.autotune_cublasLt"], False)

@@ -84,6 +84,15 @@ def _reset_for_codegen(graph: Any) -> None:
 OUR_WRAPPER_CONFIG: dict[str, object] = {"triton.store_cubin": False}
 
 
+@functools.cache
+def _log_tuning_while_compiling() -> None:
+    # Once a process: a compile reads the settings for each graph it lowers.
+    log.info(
+        "triton.autotune_at_compile_time=False: torch_cppwrap's C++ wrapper "
+        "tunes Triton kernels while the graph compiles, in its first call"
+    )
+
+
 def tune_at_compile_time(
     original: Callable[..., dict[str, object]],
 ) -> Callable[..., dict[str, object]]:
@@ -111,11 +120,7 @@ def tune_at_compile_time(
         settings = original(*args, **kwargs)
         if not V.aot_compilation and has_triton():
             if inductor_config.triton.autotune_at_compile_time is False:
-                log.info(
-                    "triton.autotune_at_compile_time=False: torch_cppwrap's C++ "
-                    "wrapper tunes Triton kernels while the graph compiles, in "
-                    "its first call"
-                )
+                _log_tuning_while_compiling()
             settings["triton.autotune_at_compile_time"] = True
             # Upstream pairs the two: cuBLASLt is tuned when Triton is not.
             settings["triton.autotune_cublasLt"] = False

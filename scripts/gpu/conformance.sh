@@ -13,7 +13,7 @@
 #                     (tools/conformance.py; needs .pytorch_tests/ carried)
 #   models            benchmarks/model_sweep.py on CUDA: every transformers
 #                     family and timm model, five settings, against eager
-# Knobs: SUITE_WORKERS, SUITE_TIMEOUT, SWEEP_JOBS, SWEEP_TIMEOUT,
+# Knobs: SUITE_WORKERS, SUITE_TIMEOUT, SUITE_FIRST, SWEEP_JOBS, SWEEP_TIMEOUT,
 # UPSTREAM_TIMEOUT, UPSTREAM_ARGS, MODELS_TIMEOUT, MODELS_ARGS (the *_ARGS
 # are read as shell words, so a quoted -k expression stays one argument:
 # UPSTREAM_ARGS='-k "not test_linear_with_pointwise" -n 15').
@@ -52,7 +52,10 @@ if has_step suite; then
     # leave its failures unnamed (session 10's first suite run on the H200).
     # SIGINT, not SIGTERM: a cut pytest still prints its failures' tracebacks
     # and the summary (session 40's H100 run lost both to a SIGTERM).
-    timeout -s INT -k 30 "${SUITE_TIMEOUT:-420}" $PYTHON -X faulthandler -m pytest tests -v -rfEs \
+    # SUITE_FIRST: test files to hand out first (pytest drops the repeat),
+    # for a call with less time than the whole suite takes.
+    timeout -s INT -k 30 "${SUITE_TIMEOUT:-420}" $PYTHON -X faulthandler -m pytest \
+        ${SUITE_FIRST:-} tests -v -rfEs \
         --tb=short -p no:cacheprovider -n "${SUITE_WORKERS:-6}" > "$OUT/suite.log" 2>&1
     echo "suite exit status: $?"
     grep -E "(FAILED|ERROR) tests/|passed|failed" "$OUT/suite.log" | tail -30

@@ -294,6 +294,10 @@ class TestPythonWrapperFallback(CppWrapperTestCase):
         # The Python wrapper's module, not ours.
         self.assertNotIn("CppWrapperCodeCache", source)
         self.assertIn("def call(", source)
+        # As a plain Python wrapper's: no cpp_wrapper setting keeps its
+        # kernels' binaries (triton.store_cubin), which would have every call
+        # look for kernels to save where Triton does not tune while compiling.
+        self.assertNotIn("kernel_saved", source)
         return source
 
     def test_unsupported_graph_falls_back_to_the_python_wrapper(self) -> None:

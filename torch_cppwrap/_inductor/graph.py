@@ -80,7 +80,10 @@ def _reset_for_codegen(graph: Any) -> None:
 # its launcher (triton.store_cubin) for upstream's wrapper, which rules out
 # Inductor's static CUDA launcher: the tuning block would build a Triton
 # launcher with the C compiler per kernel signature.  Ours reads the binary
-# from the kernel's compile result (cpp_wrapper_gpu.tuned_kernel_from_autotuner).
+# from the kernel's compile result (cpp_wrapper_gpu.tuned_kernel_from_autotuner),
+# and the Python wrapper that stands in for ours after a fallback needs no
+# binary either (with it, its module would also look for kernels to save in
+# every call).
 OUR_WRAPPER_CONFIG: dict[str, object] = {"triton.store_cubin": False}
 
 
@@ -191,7 +194,7 @@ def compile_to_module_with_fallback(original: Callable[[Any], Any]) -> Any:
         _real_script_objects(graph)
         graph.cpp_wrapper = False
         try:
-            with inductor_config.patch(cpp_wrapper=False):
+            with inductor_config.patch({**OUR_WRAPPER_CONFIG, "cpp_wrapper": False}):
                 return original(graph)
         finally:
             graph.cpp_wrapper = True

@@ -159,9 +159,11 @@ _stub_names("torch._higher_order_ops.triton_kernel_wrap", ["identify_mutated_ten
 
 
 # -- removed modules: stand-ins -------------------------------------------------
+# (Not conformance_plugin's stand-ins: those replace a borrowed test module
+# that exists but fails to import; these answer for torch modules that are gone.)
 
 # A module under one of these prefixes that no real finder finds.
-_STAND_IN_PREFIXES = (
+_REMOVED_MODULE_PREFIXES = (
     "torch.ao.quantization.quantizer",
     "torch.ao.quantization.quantize_pt2e",
     "torch.ao.quantization.pt2e",
@@ -170,7 +172,7 @@ _STAND_IN_PREFIXES = (
 )
 
 
-def _stand_in_getattr(module_name: str):
+def _removed_module_getattr(module_name: str):
     def __getattr__(attr: str):
         # Refuse dunders: Dynamo and inspect read __file__, __path__, ...
         if attr.startswith("__") and attr.endswith("__"):
@@ -180,30 +182,34 @@ def _stand_in_getattr(module_name: str):
     return __getattr__
 
 
-class _StandInLoader(importlib.abc.Loader):
+class _RemovedModuleLoader(importlib.abc.Loader):
     def create_module(self, spec):
         return None  # the default module
 
     def exec_module(self, module) -> None:
         module.__doc__ = f"stand-in: {_reason(module.__name__)}"
         module.__path__ = []  # a package, so submodules come here too
-        module.__getattr__ = _stand_in_getattr(module.__name__)
+        module.__getattr__ = _removed_module_getattr(module.__name__)
 
 
-class _StandInFinder(importlib.abc.MetaPathFinder):
+class _RemovedModuleFinder(importlib.abc.MetaPathFinder):
     """Last on sys.meta_path: answers only for modules nothing else found."""
 
     def find_spec(self, name, path=None, target=None):
-        if not any(name == p or name.startswith(p + ".") for p in _STAND_IN_PREFIXES):
+        if not any(
+            name == p or name.startswith(p + ".") for p in _REMOVED_MODULE_PREFIXES
+        ):
             return None
-        return importlib.machinery.ModuleSpec(name, _StandInLoader(), is_package=True)
+        return importlib.machinery.ModuleSpec(
+            name, _RemovedModuleLoader(), is_package=True
+        )
 
 
 if not any(
-    type(f).__name__ == "_StandInFinder" and f.__module__ == __name__
+    type(f).__name__ == "_RemovedModuleFinder" and f.__module__ == __name__
     for f in sys.meta_path
 ):
-    sys.meta_path.append(_StandInFinder())
+    sys.meta_path.append(_RemovedModuleFinder())
 
 
 # -- skip_cache(): newer torch passes hint_override to lookup() ---------------

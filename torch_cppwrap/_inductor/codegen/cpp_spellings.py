@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import torch
 
@@ -103,6 +104,19 @@ def bool_literal(value: bool) -> str:
 def string_literal(value: str) -> str:
     # JSON string escapes are valid C++ escapes for the characters it emits.
     return json.dumps(value)
+
+
+# Inductor names an op in its checks' messages by the op's FX target, and the
+# target of an op a pattern put in (freezing's fused convolutions,
+# quantization's qconv and qlinear) is a functools.partial whose repr holds
+# its function's address: spelled as is, the source, and so the key of the
+# library built from it, would differ from one process to the next.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def op_label(op_name: str) -> str:
+    """The literal naming an op in a check's message, alike in every process."""
+    return string_literal(_ADDRESS.sub("", op_name))
 
 
 def initializer_list(items: list[str]) -> str:

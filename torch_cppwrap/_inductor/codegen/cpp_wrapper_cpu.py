@@ -1407,7 +1407,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         # config.alignment_asserts (earlier releases skip them for them).
         code.writeline(
             f"cppwrap::assert_alignment({name}, {alignment}, "
-            f"{spell.string_literal(op_name or name)});"
+            f"{spell.op_label(op_name or name)});"
         )
 
     @staticmethod
@@ -1417,7 +1417,7 @@ class CppWrapperCpu(PythonWrapperCodegen):
         dtype_arg = "" if dtype is None else f", {spell.dtype_code(dtype)}"
         return (
             f"cppwrap::assert_size_stride({name}, {size}, {stride}, "
-            f"{spell.string_literal(op_name or name)}{dtype_arg});"
+            f"{spell.op_label(op_name or name)}{dtype_arg});"
         )
 
     def codegen_dynamic_select_index(self, node: Any, clamp: bool) -> None:

@@ -17,7 +17,9 @@ Everything here only fills in what the installed torch lacks:
   False.  A stub never makes a test pass;
 * modules it removed (torch.ao.quantization.quantizer, quantize_pt2e, pt2e,
   ...) get stand-in modules from a meta-path finder placed last on
-  sys.meta_path, so a real module always wins; their attributes are stubs;
+  sys.meta_path, so a real module always wins; their attributes are stubs,
+  except that PT2E quantization, which moved to torchao, leads to torchao's
+  modules where torchao is installed (so the int8 tests run);
 * the local ``skip_cache`` that test_cpu_select_algorithm.py and
   test_select_algorithm.py patch over AlgorithmSelectorCache.lookup gets the
   ``hint_override`` keyword newer torch passes (source rewritten on import).
@@ -25,9 +27,11 @@ Everything here only fills in what the installed torch lacks:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import re
 import sys
 import types
@@ -99,6 +103,13 @@ def _alias(module_name: str, old: str, new: str) -> None:
         setattr(module, old, _Stub(f"{module_name}.{old}"))
 
 
+def _provide(module_name: str, name: str, value) -> None:
+    """``module.name = value`` where the module lacks the name."""
+    module = _module(module_name)
+    if module is not None and not hasattr(module, name):
+        setattr(module, name, value)
+
+
 def _stub_names(module_name: str, names) -> None:
     """Each of ``names`` the module lacks becomes a skip stub."""
     module = _module(module_name)
@@ -144,6 +155,65 @@ _stub_names(
         "sub_kernel",
     ],
 )
+
+# PT2E quantization moved to torchao: where it is installed (never imported
+# here, only where a test asks), the old module names lead to its modules and
+# the helpers below use it; without it the int8 tests skip on stubs.
+_TORCHAO_HOMES = {
+    "torch.ao.quantization.quantizer": "torchao.quantization.pt2e.quantizer",
+    "torch.ao.quantization.quantize_pt2e": "torchao.quantization.pt2e.quantize_pt2e",
+    "torch.ao.quantization.pt2e": "torchao.quantization.pt2e",
+}
+_HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
+
+
+def _move_exported_model_to_eval(model):
+    from torchao.quantization.pt2e import move_exported_model_to_eval
+
+    return move_exported_model_to_eval(model)
+
+
+def _generate_qdq_quantized_model(
+    mod, inputs, is_qat=False, is_dynamic=False, quantizer=None
+):
+    """`mod` exported, annotated by `quantizer` (torchao's X86 Inductor
+    quantizer with its default settings unless given), run once on `inputs`
+    to calibrate, and converted to quantize/dequantize pairs: what the 2.6.0
+    helper of that name gave, as torchao spells it."""
+    import contextlib
+
+    from torchao.quantization.pt2e import quantize_pt2e
+    from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
+
+    if quantizer is None:
+        quantizer = xiq.X86InductorQuantizer()
+        quantizer.set_global(
+            xiq.get_default_x86_inductor_quantization_config(
+                is_qat=is_qat, is_dynamic=is_dynamic
+            )
+        )
+    with contextlib.nullcontext() if is_qat else torch.no_grad():
+        exported = torch.export.export(mod, tuple(inputs), strict=True).module()
+        prepare = (
+            quantize_pt2e.prepare_qat_pt2e if is_qat else quantize_pt2e.prepare_pt2e
+        )
+        prepared = prepare(exported, quantizer)
+        prepared(*inputs)
+        _move_exported_model_to_eval(prepared)
+        return quantize_pt2e.convert_pt2e(prepared)
+
+
+if _HAS_TORCHAO:
+    _provide(
+        "torch.testing._internal.common_quantization",
+        "_generate_qdq_quantized_model",
+        _generate_qdq_quantized_model,
+    )
+    _provide(
+        "torch.ao.quantization",
+        "move_exported_model_to_eval",
+        _move_exported_model_to_eval,
+    )
 _stub_names(
     "torch.testing._internal.common_quantization", ["_generate_qdq_quantized_model"]
 )
@@ -182,14 +252,35 @@ def _removed_module_getattr(module_name: str):
     return __getattr__
 
 
+def _torchao_home(name: str):
+    """torchao's module for the removed module `name`, if torchao has one."""
+    if not _HAS_TORCHAO:
+        return None
+    for old, new in _TORCHAO_HOMES.items():
+        if name == old or name.startswith(old + "."):
+            return _module(new + name[len(old) :])
+    return None
+
+
 class _RemovedModuleLoader(importlib.abc.Loader):
+    """A stand-in, or where torchao has the module (`home`), a module whose
+    attributes are torchao's: the classes and functions themselves, so a
+    test's quantizer is the one torch's Inductor lowers."""
+
+    def __init__(self, home=None) -> None:
+        self._home = home
+
     def create_module(self, spec):
         return None  # the default module
 
     def exec_module(self, module) -> None:
-        module.__doc__ = f"stand-in: {_reason(module.__name__)}"
         module.__path__ = []  # a package, so submodules come here too
-        module.__getattr__ = _removed_module_getattr(module.__name__)
+        if self._home is not None:
+            module.__doc__ = f"{module.__name__}, now {self._home.__name__}"
+            module.__getattr__ = functools.partial(getattr, self._home)
+        else:
+            module.__doc__ = f"stand-in: {_reason(module.__name__)}"
+            module.__getattr__ = _removed_module_getattr(module.__name__)
 
 
 class _RemovedModuleFinder(importlib.abc.MetaPathFinder):
@@ -201,7 +292,7 @@ class _RemovedModuleFinder(importlib.abc.MetaPathFinder):
         ):
             return None
         return importlib.machinery.ModuleSpec(
-            name, _RemovedModuleLoader(), is_package=True
+            name, _RemovedModuleLoader(_torchao_home(name)), is_package=True
         )
 
 

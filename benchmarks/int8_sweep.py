@@ -27,7 +27,6 @@ import itertools
 import json
 import pathlib
 import time
-import traceback
 from collections.abc import Callable
 
 import torch
@@ -242,11 +241,7 @@ def main() -> None:
     for name, dynamic_quant, bf16, dynamic_shapes in itertools.product(
         options.models.split(","), (False, True), (False, True), (False, True)
     ):
-        try:
-            row = run_case(name, dynamic_quant, bf16, dynamic_shapes)
-        except Exception:
-            traceback.print_exc()
-            raise
+        row = run_case(name, dynamic_quant, bf16, dynamic_shapes)
         rows.append(row)
         print(json.dumps(row), flush=True)
     write_report(rows, options.out)

@@ -27,6 +27,7 @@ Everything here only fills in what the installed torch lacks:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.abc
@@ -112,12 +113,8 @@ def _provide(module_name: str, name: str, value) -> None:
 
 def _stub_names(module_name: str, names) -> None:
     """Each of ``names`` the module lacks becomes a skip stub."""
-    module = _module(module_name)
-    if module is None:
-        return
     for name in names:
-        if not hasattr(module, name):
-            setattr(module, name, _Stub(f"{module_name}.{name}"))
+        _provide(module_name, name, _Stub(f"{module_name}.{name}"))
 
 
 # -- renamed ------------------------------------------------------------------
@@ -180,8 +177,6 @@ def _generate_qdq_quantized_model(
     quantizer with its default settings unless given), run once on `inputs`
     to calibrate, and converted to quantize/dequantize pairs: what the 2.6.0
     helper of that name gave, as torchao spells it."""
-    import contextlib
-
     from torchao.quantization.pt2e import quantize_pt2e
     from torchao.quantization.pt2e.quantizer import x86_inductor_quantizer as xiq
 
